@@ -1,0 +1,16 @@
+# `make demo` and `make test` run `make setup` first; setup is idempotent and fast once built.
+PY := .venv/bin/python
+
+.PHONY: setup test demo clean
+
+setup:
+	@bash tools/setup_env.sh
+
+test: setup
+	$(PY) -m pytest tests
+
+demo: setup
+	$(PY) tools/demo.py
+
+clean:
+	rm -rf .venv build *.egg-info

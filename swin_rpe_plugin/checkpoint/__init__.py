@@ -1,0 +1,3 @@
+from .loader import LoadReport, load_pretrained, read_checkpoint
+
+__all__ = ['LoadReport', 'load_pretrained', 'read_checkpoint']

@@ -1,0 +1,3 @@
+from .swin import SwinTransformer
+
+__all__ = ['SwinTransformer']

@@ -1,0 +1,202 @@
+"""Thin modules of the Swin backbone: they hold parameters and call the functional core.
+
+Module and parameter names follow mmdet 3.3 / mmseg 1.2 (``patch_embed.projection``,
+``attn.w_msa.relative_position_bias_table``, ``ffn.layers.0.0``, ``downsample.reduction``), so a
+state dict of the stock backbones loads here with ``strict=True``.
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmcv.cnn import build_norm_layer
+from mmcv.cnn.bricks.transformer import FFN, build_dropout
+from torch import Tensor
+
+from ..ops import (gather_relative_position_bias, pad_to_window, relative_position_index,
+                   table_rows, to_window_tuple, window_attention, window_partition,
+                   window_unpartition)
+
+HW = Tuple[int, int]
+
+
+def _corner_pad(x: Tensor, kernel: HW, stride: HW) -> Tensor:
+    """Pad a [B, C, H, W] map at the bottom/right so every pixel is covered by a kernel.
+
+    Same amounts as mmcv/mmdet ``AdaptivePadding(padding='corner')``.
+    """
+    h, w = x.shape[-2:]
+    pad_h = max((math.ceil(h / stride[0]) - 1) * stride[0] + kernel[0] - h, 0)
+    pad_w = max((math.ceil(w / stride[1]) - 1) * stride[1] + kernel[1] - w, 0)
+    if pad_h or pad_w:
+        x = F.pad(x, (0, pad_w, 0, pad_h))
+    return x
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping patch embedding: corner padding, a strided conv, an optional norm."""
+
+    def __init__(self, in_channels: int, embed_dims: int, patch_size: HW,
+                 norm_cfg: Optional[dict]):
+        super().__init__()
+        self.patch_size = patch_size
+        self.projection = nn.Conv2d(in_channels, embed_dims, kernel_size=patch_size,
+                                    stride=patch_size)
+        self.norm = build_norm_layer(norm_cfg, embed_dims)[1] if norm_cfg else None
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, HW]:
+        """[B, C_in, H, W] -> ([B, ceil(H/p) * ceil(W/p), C], (ceil(H/p), ceil(W/p)))."""
+        x = self.projection(_corner_pad(x, self.patch_size, self.patch_size))
+        hw = (x.shape[2], x.shape[3])
+        x = x.flatten(2).transpose(1, 2)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, hw
+
+
+class PatchMerging(nn.Module):
+    """Concatenate each 2x2 neighbourhood (channel order of ``nn.Unfold``), norm, reduce."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 2,
+                 norm_cfg: Optional[dict] = dict(type='LN')):
+        super().__init__()
+        self.in_channels, self.out_channels, self.stride = in_channels, out_channels, stride
+        self.norm = build_norm_layer(norm_cfg, 4 * in_channels)[1] if norm_cfg else None
+        self.reduction = nn.Linear(4 * in_channels, out_channels, bias=False)
+
+    def forward(self, x: Tensor, hw_shape: HW) -> Tuple[Tensor, HW]:
+        """[B, H*W, C] -> ([B, H'*W', C_out], (H', W')), H' = ceil(H / stride)."""
+        b, _, c = x.shape
+        h, w = hw_shape
+        s = self.stride
+        if s == 2:  # the common case: a reshape gives nn.Unfold's (c, ky, kx) order, no copy loop
+            x = x.view(b, h, w, c)
+            if h % 2 or w % 2:
+                x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
+            hh, ww = x.shape[1] // 2, x.shape[2] // 2
+            x = x.view(b, hh, 2, ww, 2, c).permute(0, 1, 3, 5, 2, 4).reshape(b, hh * ww, 4 * c)
+        else:
+            x = x.transpose(1, 2).reshape(b, c, h, w)
+            x = _corner_pad(x, (2, 2), (s, s))
+            hh, ww = (x.shape[2] - 2) // s + 1, (x.shape[3] - 2) // s + 1
+            x = F.unfold(x, kernel_size=2, stride=s).transpose(1, 2)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.reduction(x), (hh, ww)
+
+
+class WindowMSA(nn.Module):
+    """Multi-head self-attention inside windows, with a 2D relative position bias table."""
+
+    def __init__(self, embed_dims: int, num_heads: int, window_size, qkv_bias: bool = True,
+                 qk_scale: Optional[float] = None, attn_drop_rate: float = 0.,
+                 proj_drop_rate: float = 0., fused_attention: bool = True):
+        super().__init__()
+        self.window_size = to_window_tuple(window_size)
+        self.num_heads = num_heads
+        self.scale = qk_scale or (embed_dims // num_heads) ** -0.5
+        self.attn_drop_rate = attn_drop_rate
+        self.fused_attention = fused_attention
+        self.relative_position_bias_table = nn.Parameter(
+            torch.zeros(table_rows(self.window_size), num_heads))
+        # Derived from the window size, so never saved and never read from a checkpoint.
+        self.register_buffer('relative_position_index',
+                             relative_position_index(self.window_size), persistent=False)
+        self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj_drop = nn.Dropout(proj_drop_rate)
+
+    def relative_position_bias(self) -> Tensor:
+        """[heads, N, N] bias gathered from the table."""
+        return gather_relative_position_bias(self.relative_position_bias_table,
+                                             self.relative_position_index)
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """x: [B * nW, N, C]; mask: [nW, N, N] or None. Returns [B * nW, N, C]."""
+        bw, n, c = x.shape
+        qkv = self.qkv(x).reshape(bw, n, 3, self.num_heads, c // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        out = window_attention(q, k, v, self.relative_position_bias(), mask, self.scale,
+                               self.attn_drop_rate if self.training else 0.0,
+                               fused=self.fused_attention)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(bw, n, c)))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # mmdet/mmseg/official checkpoints save the index; ours is rebuilt from the window.
+        state_dict.pop(prefix + 'relative_position_index', None)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class ShiftWindowMSA(nn.Module):
+    """Pad, cyclic shift, window attention, reverse shift, crop; then drop path."""
+
+    def __init__(self, embed_dims: int, num_heads: int, window_size, shift_size=0,
+                 qkv_bias: bool = True, qk_scale: Optional[float] = None,
+                 attn_drop_rate: float = 0., proj_drop_rate: float = 0.,
+                 dropout_layer: Optional[dict] = None, fused_attention: bool = True):
+        super().__init__()
+        self.window_size = to_window_tuple(window_size)
+        shift = (shift_size, shift_size) if isinstance(shift_size, int) else tuple(shift_size)
+        if not all(0 <= s < m for s, m in zip(shift, self.window_size)):
+            raise ValueError(f'shift_size must be in [0, window) per side, got {shift_size!r} '
+                             f'for window {self.window_size}')
+        self.shift_size = shift
+        self.w_msa = WindowMSA(embed_dims, num_heads, self.window_size, qkv_bias, qk_scale,
+                               attn_drop_rate, proj_drop_rate, fused_attention)
+        self.drop = build_dropout(dropout_layer or dict(type='DropPath', drop_prob=0.))
+
+    def forward(self, query: Tensor, hw_shape: HW, attn_mask: Optional[Tensor] = None) -> Tensor:
+        """query: [B, H*W, C]; attn_mask: the stage's mask for this shift. Returns [B, H*W, C]."""
+        b, length, c = query.shape
+        h, w = hw_shape
+        if length != h * w:
+            raise ValueError(f'query has {length} tokens but hw_shape {hw_shape} needs {h * w}')
+        # Pad before rolling: rolling first would wrap real tokens into the padding.
+        x, _ = pad_to_window(query.view(b, h, w, c), self.window_size)
+        padded_hw = (x.shape[1], x.shape[2])
+        sh, sw = self.shift_size
+        if sh or sw:
+            x = torch.roll(x, shifts=(-sh, -sw), dims=(1, 2))
+        windows, _ = window_partition(x, self.window_size)
+        windows = self.w_msa(windows, mask=attn_mask)
+        x = window_unpartition(windows, self.window_size, padded_hw)
+        if sh or sw:
+            x = torch.roll(x, shifts=(sh, sw), dims=(1, 2))
+        x = x[:, :h, :w].reshape(b, h * w, c)
+        return self.drop(x)
+
+
+class SwinBlock(nn.Module):
+    """norm -> (S)W-MSA -> residual -> norm -> FFN -> residual."""
+
+    def __init__(self, embed_dims: int, num_heads: int, feedforward_channels: int,
+                 window_size=7, shift: bool = False, qkv_bias: bool = True,
+                 qk_scale: Optional[float] = None, drop_rate: float = 0.,
+                 attn_drop_rate: float = 0., drop_path_rate: float = 0.,
+                 act_cfg: Optional[dict] = None, norm_cfg: Optional[dict] = None,
+                 with_cp: bool = False, fused_attention: bool = True):
+        super().__init__()
+        window = to_window_tuple(window_size)
+        self.with_cp = with_cp
+        self.shift_size = (window[0] // 2, window[1] // 2) if shift else (0, 0)
+        norm_cfg = norm_cfg or dict(type='LN')
+        drop_path = dict(type='DropPath', drop_prob=drop_path_rate)
+        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.attn = ShiftWindowMSA(embed_dims, num_heads, window, self.shift_size, qkv_bias,
+                                   qk_scale, attn_drop_rate, drop_rate, drop_path,
+                                   fused_attention)
+        self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.ffn = FFN(embed_dims=embed_dims, feedforward_channels=feedforward_channels,
+                       num_fcs=2, ffn_drop=drop_rate, dropout_layer=drop_path,
+                       act_cfg=act_cfg or dict(type='GELU'), add_identity=True, init_cfg=None)
+
+    def forward(self, x: Tensor, hw_shape: HW, attn_mask: Optional[Tensor] = None) -> Tensor:
+        def inner(x: Tensor) -> Tensor:
+            x = x + self.attn(self.norm1(x), hw_shape, attn_mask)
+            return self.ffn(self.norm2(x), identity=x)
+
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(inner, x, use_reentrant=False)
+        return inner(x)

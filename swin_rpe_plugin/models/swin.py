@@ -1,0 +1,278 @@
+"""Swin Transformer backbone (Liu et al., 2021, arXiv:2103.14030) for mmdet and mmseg.
+
+Constructor-compatible with mmdet 3.3's ``SwinTransformer`` (same arguments, defaults and
+parameter names), without importing it. Differences, all deliberate:
+- ``window_size`` may be (h, w); the shift of shifted blocks is (h // 2, w // 2);
+- shift masks are built once per padded size and cached, not per block and per forward;
+- ``mask_padding=True`` keeps the window padding out of attention as keys;
+- ``pretrained=`` is honoured (mmdet's base-class call overwrites it), ``train()`` returns the
+  module, bad arguments raise, bias tables are initialised (mmdet leaves them at zero);
+- an absolute position embedding is resized to the input's patch grid instead of failing.
+"""
+import warnings
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn import build_norm_layer
+from mmengine.model import BaseModule, ModuleList
+from mmengine.model.weight_init import constant_init, trunc_normal_, trunc_normal_init
+from torch import Tensor
+
+from ..ops import cached_window_attention_mask, padded_size, to_window_tuple
+from ..registry import MODELS
+from .layers import HW, PatchEmbed, PatchMerging, SwinBlock, WindowMSA
+
+
+class SwinBlockSequence(nn.Module):
+    """One stage: blocks alternating regular and shifted windows, then optional merging."""
+
+    def __init__(self, embed_dims: int, num_heads: int, feedforward_channels: int, depth: int,
+                 window_size, drop_path_rate: Sequence[float],
+                 downsample: Optional[PatchMerging] = None, mask_padding: bool = False,
+                 **block_kwargs):
+        super().__init__()
+        self.window_size = to_window_tuple(window_size)
+        self.mask_padding = mask_padding
+        self.blocks = ModuleList([
+            SwinBlock(embed_dims, num_heads, feedforward_channels, self.window_size,
+                      shift=i % 2 == 1, drop_path_rate=drop_path_rate[i], **block_kwargs)
+            for i in range(depth)])
+        self.downsample = downsample
+
+    def attention_masks(self, hw_shape: HW, x: Tensor) -> dict:
+        """The additive mask of each shift used in this stage, from the bounded cache."""
+        padded = padded_size(hw_shape, self.window_size)
+        valid = tuple(hw_shape) if self.mask_padding else None
+        return {
+            block.shift_size: cached_window_attention_mask(
+                padded, self.window_size, block.shift_size, valid, x.device, torch.float32)
+            for block in self.blocks[:2]}
+
+    def forward(self, x: Tensor, hw_shape: HW) -> Tuple[Tensor, HW, Tensor, HW]:
+        masks = self.attention_masks(hw_shape, x)
+        for block in self.blocks:
+            x = block(x, hw_shape, masks[block.shift_size])
+        if self.downsample is None:
+            return x, hw_shape, x, hw_shape
+        x_down, down_hw = self.downsample(x, hw_shape)
+        return x_down, down_hw, x, hw_shape
+
+
+@MODELS.register_module()
+class SwinTransformer(BaseModule):
+    """Swin Transformer backbone with 2D relative position bias.
+
+    Args are those of mmdet 3.3 ``SwinTransformer`` (same defaults and meanings), plus:
+        mask_padding (bool): keep the padding added to reach whole windows out of attention
+            as keys. Default False, so outputs equal mmdet's.
+        fused_attention (bool): use ``F.scaled_dot_product_attention``; False runs the
+            explicit matmul/softmax of the reference code. Default True.
+
+    Forward: [B, in_channels, H, W] -> one [B, C_i, H_i, W_i] map per out index, with
+    H_0 = ceil(H / patch_size) and H_i = ceil(H_{i-1} / strides[i]).
+    """
+
+    def __init__(self,
+                 pretrain_img_size=224,
+                 in_channels=3,
+                 embed_dims=96,
+                 patch_size=4,
+                 window_size=7,
+                 mlp_ratio=4,
+                 depths=(2, 2, 6, 2),
+                 num_heads=(3, 6, 12, 24),
+                 strides=(4, 2, 2, 2),
+                 out_indices=(0, 1, 2, 3),
+                 qkv_bias=True,
+                 qk_scale=None,
+                 patch_norm=True,
+                 drop_rate=0.,
+                 attn_drop_rate=0.,
+                 drop_path_rate=0.1,
+                 use_abs_pos_embed=False,
+                 act_cfg=dict(type='GELU'),
+                 norm_cfg=dict(type='LN'),
+                 with_cp=False,
+                 pretrained=None,
+                 convert_weights=False,
+                 frozen_stages=-1,
+                 init_cfg=None,
+                 mask_padding=False,
+                 fused_attention=True):
+        if init_cfg is not None and pretrained is not None:
+            raise ValueError('init_cfg and pretrained cannot be set at the same time, got '
+                             f'init_cfg={init_cfg!r} and pretrained={pretrained!r}')
+        if pretrained is not None and not isinstance(pretrained, str):
+            raise TypeError(f'pretrained must be a str or None, got {type(pretrained).__name__}')
+        if isinstance(pretrained, str):
+            warnings.warn('pretrained is deprecated, use init_cfg=dict(type="Pretrained", '
+                          'checkpoint=...) instead', DeprecationWarning)
+            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+        # Base class first, so nothing set below is overwritten by it.
+        super().__init__(init_cfg=init_cfg)
+
+        depths, num_heads, strides = tuple(depths), tuple(num_heads), tuple(strides)
+        out_indices = tuple(out_indices)
+        _check_arguments(in_channels, embed_dims, patch_size, depths, num_heads, strides,
+                         out_indices, frozen_stages)
+        num_layers = len(depths)
+        patch = to_window_tuple(patch_size, 'patch_size')
+        self.pretrain_img_size = to_window_tuple(pretrain_img_size, 'pretrain_img_size')
+        self.window_size = to_window_tuple(window_size)
+        self.in_channels = in_channels
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.convert_weights = convert_weights
+        self.use_abs_pos_embed = use_abs_pos_embed
+        self.mask_padding = mask_padding
+
+        self.patch_embed = PatchEmbed(in_channels, embed_dims, patch,
+                                      norm_cfg if patch_norm else None)
+        if use_abs_pos_embed:
+            self.pos_embed_grid = (self.pretrain_img_size[0] // patch[0],
+                                   self.pretrain_img_size[1] // patch[1])
+            self.absolute_pos_embed = nn.Parameter(
+                torch.zeros(1, self.pos_embed_grid[0] * self.pos_embed_grid[1], embed_dims))
+        self.drop_after_pos = nn.Dropout(p=drop_rate)
+
+        dpr = [x.item() for x in torch.linspace(0, drop_path_rate, sum(depths))]
+        self.stages = ModuleList()
+        channels = embed_dims
+        for i in range(num_layers):
+            downsample = None
+            if i < num_layers - 1:
+                downsample = PatchMerging(channels, 2 * channels, strides[i + 1],
+                                          norm_cfg if patch_norm else None)
+            self.stages.append(SwinBlockSequence(
+                channels, num_heads[i], int(mlp_ratio * channels), depths[i], self.window_size,
+                dpr[sum(depths[:i]):sum(depths[:i + 1])], downsample, mask_padding,
+                qkv_bias=qkv_bias, qk_scale=qk_scale, drop_rate=drop_rate,
+                attn_drop_rate=attn_drop_rate, act_cfg=act_cfg, norm_cfg=norm_cfg,
+                with_cp=with_cp, fused_attention=fused_attention))
+            if downsample is not None:
+                channels = downsample.out_channels
+
+        self.num_features = [int(embed_dims * 2**i) for i in range(num_layers)]
+        for i in out_indices:
+            self.add_module(f'norm{i}', build_norm_layer(norm_cfg, self.num_features[i])[1])
+
+    @property
+    def out_channels(self) -> List[int]:
+        """Channels of each returned map, in out_indices order."""
+        return [self.num_features[i] for i in self.out_indices]
+
+    @property
+    def out_strides(self) -> List[int]:
+        """Stride in pixels of each returned map, in out_indices order."""
+        strides, s = [], self.patch_embed.patch_size[0]
+        for i, stage in enumerate(self.stages):
+            strides.append(s)
+            if stage.downsample is not None:
+                s *= stage.downsample.stride
+        return [strides[i] for i in self.out_indices]
+
+    def train(self, mode: bool = True) -> 'SwinTransformer':
+        """Set train/eval mode, keeping frozen stages in eval mode."""
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    def _freeze_stages(self) -> None:
+        # Exactly what mmdet freezes: patch embed (+ abs pos embed), then stages 0..k-1 with
+        # their patch merging and their output norms.
+        if self.frozen_stages >= 0:
+            self.patch_embed.eval()
+            for param in self.patch_embed.parameters():
+                param.requires_grad = False
+            if self.use_abs_pos_embed:
+                self.absolute_pos_embed.requires_grad = False
+            self.drop_after_pos.eval()
+        for i in range(1, self.frozen_stages + 1):
+            frozen = [self.stages[i - 1]]
+            if (i - 1) in self.out_indices:
+                frozen.append(getattr(self, f'norm{i - 1}'))
+            for module in frozen:
+                module.eval()
+                for param in module.parameters():
+                    param.requires_grad = False
+
+    def init_weights(self) -> None:
+        """Truncated-normal init as the official code, or load ``init_cfg`` 'Pretrained'."""
+        if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
+            from ..checkpoint import load_pretrained  # the checkpoint layer sits above models
+            load_pretrained(self, self.init_cfg['checkpoint'],
+                            strict=self.init_cfg.get('strict', False),
+                            allow_pickle=self.init_cfg.get('allow_pickle', False))
+            return
+        if self.init_cfg is not None:
+            super().init_weights()
+            return
+        if self.use_abs_pos_embed:
+            trunc_normal_(self.absolute_pos_embed, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_init(m, std=.02, bias=0.)
+            elif isinstance(m, nn.LayerNorm):
+                constant_init(m, 1.0)
+            elif isinstance(m, WindowMSA):
+                trunc_normal_(m.relative_position_bias_table, std=0.02)
+
+    def forward(self, x: Tensor) -> List[Tensor]:
+        """[B, in_channels, H, W] -> list of [B, C_i, H_i, W_i], one per out index."""
+        if not isinstance(x, Tensor) or x.dim() != 4:
+            raise ValueError('input must be a 4-D tensor [B, C, H, W], got '
+                             f'{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}')
+        if x.shape[1] != self.in_channels:
+            raise ValueError(f'input has {x.shape[1]} channels but in_channels='
+                             f'{self.in_channels} (input shape {tuple(x.shape)})')
+        x, hw_shape = self.patch_embed(x)
+        if self.use_abs_pos_embed:
+            x = x + self._pos_embed_for(hw_shape)
+        x = self.drop_after_pos(x)
+
+        outs = []
+        for i, stage in enumerate(self.stages):
+            x, hw_shape, out, out_hw = stage(x, hw_shape)
+            if i in self.out_indices:
+                out = getattr(self, f'norm{i}')(out)
+                outs.append(out.view(-1, *out_hw, self.num_features[i])
+                            .permute(0, 3, 1, 2).contiguous())
+        return outs
+
+    def _pos_embed_for(self, hw_shape: HW) -> Tensor:
+        if tuple(hw_shape) == self.pos_embed_grid:
+            return self.absolute_pos_embed
+        c = self.absolute_pos_embed.shape[-1]
+        grid = self.absolute_pos_embed.reshape(1, *self.pos_embed_grid, c).permute(0, 3, 1, 2)
+        grid = F.interpolate(grid, size=tuple(hw_shape), mode='bicubic', align_corners=False)
+        return grid.flatten(2).transpose(1, 2)
+
+
+def _check_arguments(in_channels, embed_dims, patch_size, depths, num_heads, strides,
+                     out_indices, frozen_stages) -> None:
+    if not isinstance(in_channels, int) or in_channels < 1:
+        raise ValueError(f'in_channels must be a positive int, got {in_channels!r}')
+    if not isinstance(embed_dims, int) or embed_dims < 1:
+        raise ValueError(f'embed_dims must be a positive int, got {embed_dims!r}')
+    if len(depths) != len(num_heads):
+        raise ValueError(f'depths {depths} and num_heads {num_heads} must have the same length')
+    if len(strides) != len(depths):
+        raise ValueError(f'strides {strides} must have one entry per stage ({len(depths)})')
+    if to_window_tuple(patch_size, 'patch_size') != to_window_tuple(strides[0], 'strides[0]'):
+        raise ValueError(f'patch_size {patch_size!r} must equal strides[0] {strides[0]!r} '
+                         '(non-overlapping patch embedding)')
+    for i, (depth, heads) in enumerate(zip(depths, num_heads)):
+        dims = embed_dims * 2**i
+        if depth < 1 or heads < 1:
+            raise ValueError(f'depths[{i}]={depth} and num_heads[{i}]={heads} must be >= 1')
+        if dims % heads:
+            raise ValueError(f'embed dims {dims} of stage {i} (embed_dims={embed_dims}) are not '
+                             f'divisible by num_heads[{i}]={heads}')
+    for i in out_indices:
+        if not isinstance(i, int) or not 0 <= i < len(depths):
+            raise ValueError(f'out_indices {out_indices}: index {i!r} is out of range for '
+                             f'{len(depths)} stages')
+    if not -1 <= frozen_stages <= len(depths):
+        raise ValueError(f'frozen_stages={frozen_stages} must be in [-1, {len(depths)}]')

@@ -1,0 +1,75 @@
+"""Window partition with padding, and its inverse.
+
+Padding is bottom/right ("corner"), as in mmdet/mmseg, so that token (0, 0) stays at the
+top-left and unpadded sizes are recovered by cropping. Imports torch only.
+"""
+from typing import Tuple
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from .relative_position import to_window_tuple
+
+__all__ = ['padded_size', 'pad_to_window', 'window_partition', 'window_unpartition']
+
+
+def padded_size(hw: Tuple[int, int], window_size) -> Tuple[int, int]:
+    """(H, W) rounded up to multiples of the window (Mh, Mw)."""
+    mh, mw = to_window_tuple(window_size)
+    h, w = hw
+    return -(-h // mh) * mh, -(-w // mw) * mw
+
+
+def pad_to_window(x: Tensor, window_size) -> Tuple[Tensor, Tuple[int, int]]:
+    """Zero-pad a [B, H, W, C] map at the bottom and right up to multiples of the window.
+
+    Returns:
+        The padded map [B, Hp, Wp, C] and the padding (pad_h, pad_w) it applied.
+    """
+    if x.dim() != 4:
+        raise ValueError(f'x must be [B, H, W, C], got shape {tuple(x.shape)}')
+    h, w = x.shape[1:3]
+    hp, wp = padded_size((h, w), window_size)
+    pad = (hp - h, wp - w)
+    if pad != (0, 0):
+        x = F.pad(x, (0, 0, 0, pad[1], 0, pad[0]))
+    return x, pad
+
+
+def window_partition(x: Tensor, window_size) -> Tuple[Tensor, Tuple[int, int]]:
+    """Split a [B, H, W, C] map into non-overlapping windows, padding it first if needed.
+
+    Returns:
+        windows [B * nW, Mh * Mw, C] (batch-major, windows row-major) and the padding
+        (pad_h, pad_w) that was applied.
+    """
+    mh, mw = to_window_tuple(window_size)
+    x, pad = pad_to_window(x, (mh, mw))
+    b, hp, wp, c = x.shape
+    x = x.view(b, hp // mh, mh, wp // mw, mw, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, mh * mw, c), pad
+
+
+def window_unpartition(windows: Tensor, window_size, padded_hw: Tuple[int, int],
+                       pad: Tuple[int, int] = (0, 0)) -> Tensor:
+    """Inverse of :func:`window_partition`: reassemble windows and crop the padding off.
+
+    Args:
+        windows: [B * nW, Mh * Mw, C].
+        window_size: M or (Mh, Mw).
+        padded_hw: (Hp, Wp) of the padded map the windows came from.
+        pad: (pad_h, pad_w) to crop from the bottom and right.
+
+    Returns:
+        [B, Hp - pad_h, Wp - pad_w, C].
+    """
+    mh, mw = to_window_tuple(window_size)
+    hp, wp = padded_hw
+    if hp % mh or wp % mw:
+        raise ValueError(f'padded_hw {padded_hw} is not a multiple of window {(mh, mw)}')
+    c = windows.shape[-1]
+    x = windows.view(-1, hp // mh, wp // mw, mh, mw, c).permute(0, 1, 3, 2, 4, 5)
+    x = x.reshape(-1, hp, wp, c)
+    if pad != (0, 0):
+        x = x[:, :hp - pad[0], :wp - pad[1]]
+    return x

@@ -1,0 +1,150 @@
+"""Backbone behaviour around the numerics: checkpointing, freezing, modes, errors, masks."""
+import pytest
+import torch
+
+from swin_rpe_plugin import SwinTransformer
+
+SMALL = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7,
+             drop_path_rate=0.0)
+
+
+def grads_of(model, x):
+    model.train()
+    sum(o.sum() for o in model(x)).backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_with_cp_gives_the_same_gradients():
+    torch.manual_seed(0)
+    plain = SwinTransformer(**SMALL)
+    plain.init_weights()
+    cp = SwinTransformer(**SMALL, with_cp=True)
+    cp.load_state_dict(plain.state_dict())
+    x = torch.randn(1, 3, 75, 90, requires_grad=True)
+    ref, got = grads_of(plain, x), grads_of(cp, x)
+    for name in ref:
+        assert torch.allclose(ref[name], got[name], atol=1e-6), name
+
+
+@pytest.mark.parametrize('frozen', [-1, 0, 1, 2, 4])
+@pytest.mark.parametrize('out_indices', [(0, 1, 2, 3), (1, 3)])
+def test_frozen_stages_freeze_exactly_what_mmdet_freezes(frozen, out_indices):
+    from mmdet.models.backbones import SwinTransformer as Stock
+    kwargs = dict(**SMALL, frozen_stages=frozen, out_indices=out_indices,
+                  use_abs_pos_embed=True)
+    stock, ours = Stock(**kwargs), SwinTransformer(**kwargs)
+    stock.train()
+    assert ours.train() is ours  # mmdet's train() returns None
+
+    def state(model):
+        frozen_params = {n for n, p in model.named_parameters() if not p.requires_grad}
+        eval_modules = {n for n, m in model.named_modules() if not m.training}
+        return frozen_params, eval_modules
+
+    s_params, s_eval = state(stock)
+    o_params, o_eval = state(ours)
+    assert o_params == s_params
+    # Compare modules that exist in both (stock has extra wrapper modules such as adap_padding).
+    ours_names = {n for n, _ in ours.named_modules()}
+    assert o_eval == {n for n in s_eval if n in ours_names}
+    assert ours.eval() is ours and not ours.training
+
+
+def test_init_weights_initialises_bias_tables_and_honours_pretrained(tmp_path):
+    model = SwinTransformer(**SMALL)
+    model.init_weights()
+    table = model.stages[0].blocks[0].attn.w_msa.relative_position_bias_table
+    assert 0.005 < table.std().item() < 0.05  # trunc_normal(std=.02), not left at zero
+    path = tmp_path / 'backbone.pth'
+    torch.save({'state_dict': {'backbone.' + k: v for k, v in model.state_dict().items()}}, path)
+    with pytest.warns(DeprecationWarning):
+        loaded = SwinTransformer(**SMALL, pretrained=str(path))
+    assert loaded.init_cfg == dict(type='Pretrained', checkpoint=str(path))
+    loaded.init_weights()
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+
+
+def test_state_dict_has_no_derived_buffers():
+    keys = SwinTransformer(**SMALL).state_dict().keys()
+    assert not [k for k in keys if 'relative_position_index' in k or 'mask' in k]
+
+
+def test_rectangular_window_runs_and_masks_are_cached():
+    model = SwinTransformer(**{**SMALL, 'window_size': (7, 12)}).eval()
+    attn = model.stages[0].blocks[1].attn
+    assert attn.shift_size == (3, 6)
+    assert attn.w_msa.relative_position_bias_table.shape == (13 * 23, 1)
+    from swin_rpe_plugin.ops import cached_window_attention_mask
+    cached_window_attention_mask.cache_clear()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 97, 131))
+        model(torch.randn(1, 3, 97, 131))
+    assert [o.shape[-2:] for o in outs] == [(25, 33), (13, 17), (7, 9), (4, 5)]
+    info = cached_window_attention_mask.cache_info()
+    assert info.misses == 8 and info.hits == 8  # 4 stages x 2 shifts, built once
+
+
+@pytest.mark.parametrize('shift', [False, True])
+def test_padding_mask_makes_a_block_blind_to_padding_content(shift):
+    # The same 10x11 tokens, once padded with zeros inside the block and once embedded in a
+    # 14x14 map of garbage: with the padding key mask, the valid outputs must be equal.
+    from swin_rpe_plugin.models.layers import SwinBlock
+    from swin_rpe_plugin.ops import window_attention_mask
+    torch.manual_seed(0)
+    block = SwinBlock(32, 2, 128, window_size=7, shift=shift).eval()
+    with torch.no_grad():
+        block.attn.w_msa.relative_position_bias_table.normal_()
+    x = torch.randn(1, 10, 11, 32)
+    garbage = torch.randn(1, 14, 14, 32) * 5
+    garbage[:, :10, :11] = x
+    mask = window_attention_mask((14, 14), 7, block.shift_size, valid_hw=(10, 11))
+    with torch.no_grad():
+        inside = block(x.reshape(1, 110, 32), (10, 11), mask).reshape(1, 10, 11, 32)
+        embedded = block(garbage.reshape(1, 196, 32), (14, 14), mask).reshape(1, 14, 14, 32)
+        unmasked = block(garbage.reshape(1, 196, 32), (14, 14),
+                         window_attention_mask((14, 14), 7, block.shift_size))
+    assert torch.allclose(inside, embedded[:, :10, :11], atol=1e-5)
+    assert not torch.allclose(inside, unmasked.reshape(1, 14, 14, 32)[:, :10, :11], atol=1e-3)
+
+
+def test_mask_padding_changes_only_padded_feature_maps():
+    torch.manual_seed(0)
+    plain = SwinTransformer(**SMALL).eval()
+    plain.init_weights()
+    masked = SwinTransformer(**SMALL, mask_padding=True).eval()
+    masked.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        x = torch.randn(1, 3, 200, 180)
+        differs = [not torch.allclose(a, b, atol=1e-4) for a, b in zip(plain(x), masked(x))]
+    x = torch.randn(1, 3, 224, 224)  # 56, 28, 14, 7 tokens: no window padding anywhere
+    with torch.no_grad():
+        for a, b in zip(plain(x), masked(x)):
+            assert torch.equal(a, b)
+    assert differs[0]  # 50x45 tokens are padded in stage 0: masking changes the features
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(window_size=0), 'window_size'),
+    (dict(window_size=(7, -1)), 'window_size'),
+    (dict(embed_dims=30, num_heads=(4, 8, 16, 32)), 'divisible by num_heads'),
+    (dict(depths=(2, 2, 2), num_heads=(1, 2, 4, 8)), 'depths'),
+    (dict(out_indices=(0, 4)), 'out_indices'),
+    (dict(patch_size=4, strides=(2, 2, 2, 2)), 'patch_size'),
+    (dict(frozen_stages=7), 'frozen_stages'),
+    (dict(pretrained=3), 'pretrained'),
+    (dict(pretrained='a.pth', init_cfg=dict(type='Pretrained', checkpoint='b.pth')),
+     'init_cfg'),
+])
+def test_bad_arguments_are_refused_with_their_name(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        SwinTransformer(**{**SMALL, **kwargs})
+
+
+@pytest.mark.parametrize('x,match', [
+    (torch.zeros(3, 32, 32), '4-D'),
+    (torch.zeros(1, 1, 32, 32), 'in_channels=3'),
+])
+def test_bad_input_is_refused_with_its_shape(x, match):
+    with pytest.raises(ValueError, match=match):
+        SwinTransformer(**SMALL)(x)
