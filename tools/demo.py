@@ -8,6 +8,7 @@ random (nothing can be downloaded here); the shapes and the plumbing are what th
 import argparse
 import os
 import sys
+import warnings
 
 import numpy as np
 import torch
@@ -70,6 +71,9 @@ def main(argv=None) -> int:
     parser.add_argument('--seg-config', default=SEG)
     parser.add_argument('--size', type=int, nargs=2, default=(427, 640), metavar=('H', 'W'))
     args = parser.parse_args(argv)
+    # The stack's own deprecation chatter (pkg_resources, build_loss) is not ours to show.
+    warnings.filterwarnings('ignore', category=DeprecationWarning)
+    warnings.filterwarnings('ignore', message='.*(build_loss|avg_non_ignore|checkpoint is None)')
     torch.manual_seed(0)
     img = made_image(*args.size)
     run_detector(args.det_config, img)

@@ -40,7 +40,7 @@ if ! ls "$cache"/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
 fi
 
 "${pip[@]}" --find-links "$cache" --only-binary mmcv \
-  -r requirements/runtime.txt -r requirements/tests.txt
+  -c requirements/constraints.txt -r requirements/runtime.txt -r requirements/tests.txt
 "${pip[@]}" --no-deps --no-build-isolation -e .
 "$venv/bin/python" -c "$check; print('setup: mmcv.ops, mmdet, mmseg import cleanly')"
 echo "$want" > "$stamp"
