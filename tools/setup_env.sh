@@ -34,7 +34,7 @@ if ! ls "$cache"/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
   mkdir -p "$cache"
   tmp=$(mktemp -d)
   PATH=$venv/bin:$PATH MAX_JOBS=${MAX_JOBS:-2} MMCV_WITH_OPS=1 \
-    "$venv/bin/python" -m pip wheel --disable-pip-version-check --no-build-isolation --no-deps \
+    "$venv/bin/python" -m pip wheel --disable-pip-version-check --no-cache-dir --no-build-isolation --no-deps \
     -w "$tmp" mmcv==2.1.0
   mv "$tmp"/mmcv-2.1.0-*.whl "$cache"/ && rm -rf "$tmp"
 fi
