@@ -1,108 +1,166 @@
-"""Load a backbone checkpoint safely, resize what needs resizing, and report every key.
+"""Load any supported Swin checkpoint safely into our backbone and report every key.
 
-Checkpoints are untrusted: pickled files load with ``torch.load(weights_only=True)`` unless the
-caller opts in with ``allow_pickle=True``; ``.safetensors`` files never execute code.
+read (safe) -> unwrap -> detect format -> convert names/layouts -> check values -> resize to
+the model's window and grid -> load -> report (logged through mmengine's logger).
+
+Checkpoints are untrusted: pickled files load with ``torch.load(weights_only=True)`` (plus the
+data-only allow-list of ``compat`` for mmengine's own checkpoints) unless the caller opts in
+with ``allow_pickle=True``; ``.safetensors`` files never execute code.
 """
 import dataclasses
 import os
-from typing import Dict, List, Tuple
+import pickle
+import re
+import zipfile
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from mmengine.logging import MMLogger, print_log
 from torch import Tensor, nn
 
-from ..ops import resize_relative_position_bias_table, to_window_tuple
+from .compat import safe_torch_load
+from .convert import Conversion, convert_state_dict, detect_format, unwrap
+from .resize import POS_EMBED, resize_state_dict
 
-BIAS_TABLE = 'relative_position_bias_table'
-DERIVED_BUFFERS = ('relative_position_index', 'attn_mask')
+_OUTPUT_NORM = re.compile(r'^norm\d+\.')
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError):
+    """A pickled checkpoint needs code execution (or non-data objects) to load."""
 
 
 @dataclasses.dataclass
 class LoadReport:
-    """What happened to each key of a load."""
+    """What happened to each key of a load (names are ours unless stated)."""
+    path: str = ''
+    format: str = ''
+    container: str = ''
     loaded: List[str] = dataclasses.field(default_factory=list)
+    converted: Dict[str, str] = dataclasses.field(default_factory=dict)   # ours <- source key
     resized: Dict[str, Tuple[tuple, tuple]] = dataclasses.field(default_factory=dict)
-    missing: List[str] = dataclasses.field(default_factory=list)
-    unexpected: List[str] = dataclasses.field(default_factory=list)
-    ignored: List[str] = dataclasses.field(default_factory=list)
+    missing: List[str] = dataclasses.field(default_factory=list)          # model keys not loaded
+    unexpected: List[str] = dataclasses.field(default_factory=list)       # source keys unused
+    ignored: List[str] = dataclasses.field(default_factory=list)          # not backbone (source)
+    derived: List[str] = dataclasses.field(default_factory=list)          # index/mask buffers
+    not_in_format: List[str] = dataclasses.field(default_factory=list)    # output norms kept
 
     def summary(self) -> str:
-        lines = [f'loaded {len(self.loaded)}, resized {len(self.resized)}, missing '
-                 f'{len(self.missing)}, unexpected {len(self.unexpected)}, ignored (derived or '
-                 f'outside the backbone) {len(self.ignored)}']
-        lines += [f'  resized {k}: {tuple(a)} -> {tuple(b)}' for k, (a, b) in self.resized.items()]
+        lines = [f'format {self.format} ({self.container}): loaded {len(self.loaded)}, '
+                 f'converted {len(self.converted)}, resized {len(self.resized)}, missing '
+                 f'{len(self.missing)}, unexpected {len(self.unexpected)}, ignored '
+                 f'{len(self.ignored)} (outside the backbone), derived buffers dropped '
+                 f'{len(self.derived)}, output norms not in the checkpoint '
+                 f'{len(self.not_in_format)}']
+        lines += [f'  resized {k}: {a} -> {b}' for k, (a, b) in self.resized.items()]
         lines += [f'  missing {k}' for k in self.missing]
         lines += [f'  unexpected {k}' for k in self.unexpected]
+        lines += [f'  kept at init (no output norms in a {self.format} checkpoint) {k}'
+                  for k in self.not_in_format]
+        return '\n'.join(lines)
+
+    def details(self) -> str:
+        """Every key, for the conversion tool's --verbose."""
+        lines = [f'  converted {k} <- {v}' for k, v in self.converted.items()]
+        lines += [f'  ignored {k}' for k in self.ignored]
         return '\n'.join(lines)
 
 
 def read_checkpoint(path: str, allow_pickle: bool = False) -> dict:
-    """Read a checkpoint file into a dict without executing pickled code (unless allowed)."""
+    """Read a checkpoint file into a dict without executing pickled code (unless allowed).
+
+    Raises FileNotFoundError, UnsafeCheckpointError (code or unknown objects in the pickle,
+    naming the ``allow_pickle`` opt-in) or ValueError (truncated or not a checkpoint).
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f'checkpoint path must be a str, got {type(path).__name__}')
+    path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f'checkpoint not found: {path!r}')
     if path.endswith('.safetensors'):
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
-        return load_file(path, device='cpu')
+        try:
+            return load_file(path, device='cpu')
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f'{path!r} is not a readable safetensors file (truncated or '
+                             f'corrupt?): {err}') from err
     try:
-        return torch.load(path, map_location='cpu', weights_only=not allow_pickle)
-    except Exception as err:  # weights_only refuses code-carrying or unknown pickled objects
         if allow_pickle:
-            raise
-        raise RuntimeError(
-            f'refused to unpickle {path!r} safely ({type(err).__name__}: {err}). If you trust '
-            'this file, pass allow_pickle=True (init_cfg=dict(..., allow_pickle=True)).') from err
+            return torch.load(path, map_location='cpu', weights_only=False)
+        return safe_torch_load(path)
+    except pickle.UnpicklingError as err:
+        if allow_pickle or 'weights only load failed' not in str(err).lower():
+            raise ValueError(f'{path!r} is not a readable checkpoint (corrupt pickle?): '
+                             f'{err}') from err
+        raise UnsafeCheckpointError(
+            f'refused to load {path!r}: its pickle needs objects outside the safe allow-list '
+            f'(first error: {str(err).splitlines()[0]}). Only if you trust this file, pass '
+            'allow_pickle=True (init_cfg=dict(..., allow_pickle=True), or --allow-pickle).'
+        ) from err
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
+        raise ValueError(f'{path!r} is not a readable checkpoint (truncated or corrupt?): '
+                         f'{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ""}'
+                         ) from err
 
 
-def backbone_state_dict(ckpt: dict) -> Tuple[Dict[str, Tensor], List[str]]:
-    """Unwrap a checkpoint to backbone keys; return (state dict, keys left out)."""
-    for wrapper in ('state_dict', 'model', 'module'):
-        if isinstance(ckpt.get(wrapper), dict):
-            ckpt = ckpt[wrapper]
-            break
-    state = {k[len('module.'):] if k.startswith('module.') else k: v for k, v in ckpt.items()
-             if isinstance(v, Tensor)}
-    ignored = [k for k, v in ckpt.items() if not isinstance(v, Tensor)]
-    if any(k.startswith('backbone.') for k in state):
-        ignored += [k for k in state if not k.startswith('backbone.')]
-        state = {k[len('backbone.'):]: v for k, v in state.items() if k.startswith('backbone.')}
-    ignored += [k for k in state if k.rsplit('.', 1)[-1] in DERIVED_BUFFERS]
-    state = {k: v for k, v in state.items() if k.rsplit('.', 1)[-1] not in DERIVED_BUFFERS}
-    return state, ignored
+def convert_checkpoint(ckpt: dict, format: Optional[str] = None) -> Conversion:
+    """Unwrap, detect and convert a loaded checkpoint to our backbone names; check values."""
+    state, where = unwrap(ckpt)
+    fmt, prefix = detect_format(state, format)
+    conversion = convert_state_dict(state, fmt, prefix, where)
+    for key, value in conversion.state.items():
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            bad = int((~torch.isfinite(value)).sum())
+            source = conversion.converted.get(key, key)
+            raise ValueError(f'{source}: {bad} NaN/Inf values of {value.numel()} in the '
+                             'checkpoint; refusing to load it')
+    return conversion
 
 
-def _square_window(rows: int, key: str) -> Tuple[int, int]:
-    side = round(rows ** 0.5)
-    if side * side != rows or side % 2 == 0:
-        raise ValueError(f'{key}: cannot infer the window of a table with {rows} rows')
-    return ((side + 1) // 2, (side + 1) // 2)
+def load_pretrained(model: nn.Module, path: str, strict: bool = True,
+                    allow_pickle: bool = False, mode: str = 'bicubic',
+                    format: Optional[str] = None, src_window=None, src_grid=None
+                    ) -> LoadReport:
+    """Load a checkpoint of any supported format into ``model`` (a SwinTransformer).
 
+    Bias tables are resized to each attention module's window and an absolute position
+    embedding to the model's patch grid (``mode``: 'bicubic' or 'bilinear'). ``format`` forces
+    a format name (default: detected); ``src_window``/``src_grid`` give a rectangular source
+    window/grid, which cannot be inferred from a table's length.
 
-def load_pretrained(model: nn.Module, path: str, strict: bool = False,
-                    allow_pickle: bool = False, mode: str = 'bicubic') -> LoadReport:
-    """Load a checkpoint into ``model`` (a SwinTransformer), resizing bias tables.
-
-    Raises KeyError when ``strict`` and a model parameter is missing from the checkpoint.
+    Raises KeyError when ``strict`` and a backbone parameter is not in the checkpoint (output
+    norms excepted when the checkpoint has none: classification formats do not hold them);
+    ValueError naming the key and both shapes when a tensor does not fit.
     """
-    state, ignored = backbone_state_dict(read_checkpoint(path, allow_pickle))
+    conversion = convert_checkpoint(read_checkpoint(path, allow_pickle), format)
     own = model.state_dict()
-    report = LoadReport(ignored=ignored)
-    for key, value in list(state.items()):
-        if key not in own or own[key].shape == value.shape:
-            continue
-        if key.endswith(BIAS_TABLE) and own[key].shape[1] == value.shape[1]:
-            window = model.get_submodule(key.rsplit('.', 1)[0]).window_size
-            state[key] = resize_relative_position_bias_table(
-                value, _square_window(value.shape[0], key), to_window_tuple(window), mode)
-            report.resized[key] = (tuple(value.shape), tuple(own[key].shape))
-        else:
-            raise ValueError(f'{key}: checkpoint shape {tuple(value.shape)} does not fit the '
-                             f'model shape {tuple(own[key].shape)}')
-    result = model.load_state_dict(state, strict=False)
-    report.missing, report.unexpected = list(result.missing_keys), list(result.unexpected_keys)
-    report.loaded = [k for k in state if k in own]
-    logger = MMLogger.get_current_instance()
-    print_log(f'load_pretrained({path!r}): {report.summary()}', logger=logger)
+
+    def window_of(key: str):
+        return model.get_submodule(key.rsplit('.', 1)[0]).window_size
+
+    grid = getattr(model, 'pos_embed_grid', None)
+    state, resized = resize_state_dict(conversion.state, window_of, grid if POS_EMBED in own
+                                       else None, src_window, src_grid, mode)
+    state = {k: v for k, v in state.items() if k in own}
+    for key, value in state.items():
+        if value.shape != own[key].shape:
+            raise ValueError(f'{key} (checkpoint {conversion.converted.get(key, key)}): '
+                             f'checkpoint shape {tuple(conversion.state[key].shape)} does not '
+                             f'fit the model shape {tuple(own[key].shape)}')
+    model.load_state_dict(state, strict=False)
+    report = LoadReport(path=str(path), format=conversion.format, container=conversion.container,
+                        loaded=list(state), converted=conversion.converted, resized=resized,
+                        ignored=conversion.ignored, derived=conversion.derived,
+                        unexpected=conversion.unexpected + [k for k in conversion.state
+                                                            if k not in own])
+    missing = [k for k in own if k not in state]
+    has_norms = any(_OUTPUT_NORM.match(k) for k in conversion.state)
+    report.not_in_format = [k for k in missing if _OUTPUT_NORM.match(k) and not has_norms]
+    report.missing = [k for k in missing if k not in report.not_in_format]
+    print_log(f'load_pretrained({path!r}): {report.summary()}',
+              logger=MMLogger.get_current_instance())
     if strict and report.missing:
-        raise KeyError(f'{len(report.missing)} backbone keys missing from {path!r}: '
-                       f'{report.missing[:10]}')
+        raise KeyError(f'{len(report.missing)} backbone parameters missing from {path!r} '
+                       f'(format {report.format}): {report.missing[:10]}; pass strict=False '
+                       'to load anyway')
     return report
