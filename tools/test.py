@@ -1,0 +1,49 @@
+"""Evaluate a checkpoint: the CLI of mmdet's and mmseg's tools/test.py.
+
+    .venv/bin/python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--show-dir DIR]
+        [--out-metrics FILE.json] [--cfg-options k=v ...] [--launcher {none,pytorch,...}]
+
+The toolkit (mmdet or mmseg) comes from the config's default_scope; metrics are the config's
+evaluators' (mmdet CocoMetric, mmseg IoUMetric). A checkpoint that does not fit the model is
+refused with the first offending key.
+"""
+import argparse
+import os
+import sys
+
+from mmengine.config import DictAction
+
+from swin_rpe_plugin.engine import UsageError, test
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('config', help='test config file path')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--work-dir', help='the dir to save logs and metrics')
+    parser.add_argument('--show-dir', help='directory where pictures of predictions are saved')
+    parser.add_argument('--out-metrics', help='write the metrics to this JSON file')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config settings, key=value (e.g. a.b=1)')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        metrics = test(args.config, args.checkpoint, args.work_dir, args.cfg_options,
+                       args.show_dir, args.launcher, args.out_metrics)
+    except UsageError as err:  # a bad path, argument or key: one line, no traceback
+        print(f'error: {err}', file=sys.stderr)
+        return 2
+    print(' '.join(f'{k}={v:.4f}' for k, v in metrics.items()))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Train a detector or segmentor: the CLI of mmdet's and mmseg's tools/train.py.
+
+    .venv/bin/python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp]
+        [--cfg-options k=v ...] [--launcher {none,pytorch,slurm,mpi}]
+
+The toolkit (mmdet or mmseg) comes from the config's default_scope. Without CUDA, SyncBN is
+converted to BN and distributed runs use gloo (tools/dist_train.sh).
+"""
+import argparse
+import os
+import sys
+
+from mmengine.config import DictAction
+
+from swin_rpe_plugin.engine import UsageError, train
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument('--work-dir', help='the dir to save logs and models')
+    parser.add_argument('--amp', action='store_true', help='automatic mixed precision (CUDA)')
+    parser.add_argument('--resume', nargs='?', type=str, const='auto',
+                        help='resume from CKPT, or from the latest checkpoint in the work dir')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config settings, key=value (e.g. a.b=1)')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        train(args.config, args.work_dir, args.cfg_options, args.resume, args.amp,
+              args.launcher)
+    except UsageError as err:  # a bad path, argument or key: one line, no traceback
+        print(f'error: {err}', file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
