@@ -52,7 +52,13 @@ def unwrap(ckpt: Mapping) -> Tuple[Dict[str, Tensor], str]:
     return state, '/'.join(where) or 'top level'
 
 
+def _strip(fmt: Format, key: str) -> str:
+    p = fmt.optional_prefix
+    return key[len(p):] if p and key.startswith(p) else key
+
+
 def _matches(fmt: Format, keys: List[str]) -> bool:
+    keys = [_strip(fmt, k) for k in keys]
     return (all(any(re.search(p, k) for k in keys) for p in fmt.require)
             and not any(re.search(p, k) for p in fmt.forbid for k in keys))
 
@@ -111,7 +117,7 @@ def convert_state_dict(state: Mapping[str, Tensor], fmt: Format, prefix: str = '
         if not key.startswith(prefix):
             result.ignored.append(key)
             continue
-        name = key[len(prefix):]
+        name = _strip(fmt, key[len(prefix):])
         if any(re.search(p, name) for p in DERIVED):
             result.derived.append(key)
             continue

@@ -34,7 +34,6 @@ INDEX_MAPS: Dict[str, Callable[[int], int]] = {
 # Whole-model prefixes: keys under the prefix are the backbone, every other key is ignored.
 MODEL_PREFIXES: Dict[str, str] = {
     'backbone.': 'whole mmdet detector / mmseg segmentor / mmpretrain classifier',
-    'swin.': 'transformers SwinForImageClassification',
 }
 
 # Keys derived from the window size: never read from a checkpoint.
@@ -49,6 +48,7 @@ class Format:
     rules: Tuple[Rule, ...]
     forbid: Tuple[str, ...] = ()
     merge_order: str = 'unfold'
+    optional_prefix: str = ''  # stripped from any key that has it, before detection and rules
 
 
 # Shared by the three formats that use the official block names.
@@ -170,7 +170,9 @@ FORMATS: Tuple[Format, ...] = (
             (r'^hidden_states_norms\.stage(?P<k>\d+)\.(?P<p>\w+)$', 'norm{k|prev}.{p}'),
             (r'^(layernorm|classifier|pooler)\.\w+$', None),
         ),
-        merge_order='official'),
+        # SwinForImageClassification / SwinBackbone put the encoder (some or all of it) under
+        # 'swin.' and their own parts (classifier, hidden_states_norms) outside it.
+        merge_order='official', optional_prefix='swin.'),
 )
 
 FORMATS_BY_NAME: Dict[str, Format] = {f.name: f for f in FORMATS}

@@ -89,18 +89,28 @@ def read_checkpoint(path: str, allow_pickle: bool = False) -> dict:
             return torch.load(path, map_location='cpu', weights_only=False)
         return safe_torch_load(path)
     except pickle.UnpicklingError as err:
-        if allow_pickle or 'weights only load failed' not in str(err).lower():
-            raise ValueError(f'{path!r} is not a readable checkpoint (corrupt pickle?): '
-                             f'{err}') from err
+        reason = _weights_unpickler_reason(err)
+        if allow_pickle or 'Unsupported global' not in reason:
+            raise ValueError(f'{path!r} is not a readable checkpoint (corrupt, truncated or not '
+                             f'a torch file): {reason}') from err
         raise UnsafeCheckpointError(
             f'refused to load {path!r}: its pickle needs objects outside the safe allow-list '
-            f'(first error: {str(err).splitlines()[0]}). Only if you trust this file, pass '
-            'allow_pickle=True (init_cfg=dict(..., allow_pickle=True), or --allow-pickle).'
-        ) from err
+            f'({reason}). Only if you trust this file, pass allow_pickle=True '
+            '(init_cfg=dict(..., allow_pickle=True), or --allow-pickle).') from err
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
         raise ValueError(f'{path!r} is not a readable checkpoint (truncated or corrupt?): '
                          f'{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ""}'
                          ) from err
+
+
+def _weights_unpickler_reason(err: Exception) -> str:
+    # torch wraps the actual reason in a long explanation; keep the line that names it
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    for i, line in enumerate(lines):
+        if 'WeightsUnpickler error:' in line:
+            rest = line.split('WeightsUnpickler error:', 1)[1].strip()
+            return rest or (lines[i + 1] if i + 1 < len(lines) else line)
+    return lines[0] if lines else type(err).__name__
 
 
 def convert_checkpoint(ckpt: dict, format: Optional[str] = None) -> Conversion:
@@ -163,4 +173,40 @@ def load_pretrained(model: nn.Module, path: str, strict: bool = True,
         raise KeyError(f'{len(report.missing)} backbone parameters missing from {path!r} '
                        f'(format {report.format}): {report.missing[:10]}; pass strict=False '
                        'to load anyway')
+    return report
+
+
+def convert_file(src: str, dst: str, window=None, img_size=None, mode: str = 'bicubic',
+                 allow_pickle: bool = False, format: Optional[str] = None, src_window=None,
+                 src_grid=None, log: bool = True) -> LoadReport:
+    """Convert a checkpoint file to our backbone names, optionally resized; write ``dst``.
+
+    ``window`` resizes every bias table; ``img_size`` (int or (h, w)) resizes an absolute
+    position embedding to img_size / patch size. ``dst`` ending in ``.safetensors`` is written
+    with safetensors, anything else with ``torch.save`` as ``{'state_dict': ...}``.
+    """
+    conversion = convert_checkpoint(read_checkpoint(src, allow_pickle), format)
+    grid = None
+    if img_size is not None:
+        proj = conversion.state.get('patch_embed.projection.weight')
+        if proj is None:
+            raise KeyError('patch_embed.projection.weight is needed to turn img_size into a '
+                           'patch grid and is not in the checkpoint')
+        size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        grid = (size[0] // proj.shape[-2], size[1] // proj.shape[-1])
+    state, resized = resize_state_dict(conversion.state, window, grid, src_window, src_grid,
+                                       mode)
+    state = {k: v.contiguous() for k, v in state.items()}
+    if dst.endswith('.safetensors'):
+        from safetensors.torch import save_file
+        save_file(state, dst, metadata={'format': 'pt', 'source_format': conversion.format})
+    else:
+        torch.save({'state_dict': state}, dst)
+    report = LoadReport(path=src, format=conversion.format, container=conversion.container,
+                        loaded=list(state), converted=conversion.converted, resized=resized,
+                        ignored=conversion.ignored, derived=conversion.derived,
+                        unexpected=conversion.unexpected)
+    if log:
+        print_log(f'convert_file({src!r} -> {dst!r}): {report.summary()}',
+                  logger=MMLogger.get_current_instance())
     return report
