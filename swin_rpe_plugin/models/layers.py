@@ -15,9 +15,8 @@ from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks.transformer import FFN, build_dropout
 from torch import Tensor
 
-from ..ops import (gather_relative_position_bias, pad_to_window, relative_position_index,
-                   table_rows, to_window_tuple, window_attention, window_partition,
-                   window_unpartition)
+from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias,
+                   relative_position_index, table_rows, to_window_tuple, window_attention)
 
 HW = Tuple[int, int]
 
@@ -107,21 +106,36 @@ class WindowMSA(nn.Module):
         self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop_rate)
+        self._bias_cache = None
 
     def relative_position_bias(self) -> Tensor:
-        """[heads, N, N] bias gathered from the table."""
-        return gather_relative_position_bias(self.relative_position_bias_table,
-                                             self.relative_position_index)
+        """[heads, N, N] bias gathered from the table.
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        """x: [B * nW, N, C]; mask: [nW, N, N] or None. Returns [B * nW, N, C]."""
+        Reused across forwards while the table is unchanged and no gradient is needed
+        (inference); recomputed whenever autograd must see the gather.
+        """
+        table = self.relative_position_bias_table
+        if torch.is_grad_enabled() and table.requires_grad:
+            return gather_relative_position_bias(table, self.relative_position_index)
+        key = (table._version, table.data_ptr(), table.dtype, table.device)
+        if self._bias_cache is None or self._bias_cache[0] != key:
+            bias = gather_relative_position_bias(table.detach(), self.relative_position_index)
+            self._bias_cache = (key, bias)
+        return self._bias_cache[1]
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None,
+                windows_per_image: Optional[int] = None) -> Tensor:
+        """x: [B * nW, N, C]; mask: [nM, N, N] for the last nM windows of each image, or None.
+
+        Returns [B * nW, N, C].
+        """
         bw, n, c = x.shape
         qkv = self.qkv(x).reshape(bw, n, 3, self.num_heads, c // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         out = window_attention(q, k, v, self.relative_position_bias(), mask, self.scale,
                                self.attn_drop_rate if self.training else 0.0,
-                               fused=self.fused_attention)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(bw, n, c)))
+                               fused=self.fused_attention, windows_per_image=windows_per_image)
+        return self.proj_drop(self.proj(out))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # mmdet/mmseg/official checkpoints save the index; ours is rebuilt from the window.
@@ -147,24 +161,26 @@ class ShiftWindowMSA(nn.Module):
                                attn_drop_rate, proj_drop_rate, fused_attention)
         self.drop = build_dropout(dropout_layer or dict(type='DropPath', drop_prob=0.))
 
-    def forward(self, query: Tensor, hw_shape: HW, attn_mask: Optional[Tensor] = None) -> Tensor:
-        """query: [B, H*W, C]; attn_mask: the stage's mask for this shift. Returns [B, H*W, C]."""
+    def plan(self, hw_shape: HW, valid_hw: Optional[HW], device: torch.device) -> WindowPlan:
+        """The cached window plan of this block's shift for an H x W map."""
+        return cached_window_plan(tuple(hw_shape), self.window_size, self.shift_size,
+                                  None if valid_hw is None else tuple(valid_hw), device,
+                                  torch.float32)
+
+    def forward(self, query: Tensor, hw_shape: HW, plan: Optional[WindowPlan] = None) -> Tensor:
+        """query: [B, H*W, C]; plan: from :meth:`plan` (built here if None). -> [B, H*W, C]."""
         b, length, c = query.shape
         h, w = hw_shape
         if length != h * w:
             raise ValueError(f'query has {length} tokens but hw_shape {hw_shape} needs {h * w}')
-        # Pad before rolling: rolling first would wrap real tokens into the padding.
-        x, _ = pad_to_window(query.view(b, h, w, c), self.window_size)
-        padded_hw = (x.shape[1], x.shape[2])
-        sh, sw = self.shift_size
-        if sh or sw:
-            x = torch.roll(x, shifts=(-sh, -sw), dims=(1, 2))
-        windows, _ = window_partition(x, self.window_size)
-        windows = self.w_msa(windows, mask=attn_mask)
-        x = window_unpartition(windows, self.window_size, padded_hw)
-        if sh or sw:
-            x = torch.roll(x, shifts=(sh, sw), dims=(1, 2))
-        x = x[:, :h, :w].reshape(b, h * w, c)
+        if plan is None:
+            plan = self.plan(hw_shape, None, query.device)
+        # Pad, roll and partition in one gather (the padding reads an appended zero row, as
+        # the reference pads after the norm); the inverse is one gather too.
+        src = F.pad(query, (0, 0, 0, 1)) if plan.needs_pad_row else query
+        windows = src[:, plan.gather].view(-1, self.window_size[0] * self.window_size[1], c)
+        windows = self.w_msa(windows, plan.mask, plan.num_windows)
+        x = windows.view(b, -1, c)[:, plan.scatter]
         return self.drop(x)
 
 
@@ -192,9 +208,9 @@ class SwinBlock(nn.Module):
                        num_fcs=2, ffn_drop=drop_rate, dropout_layer=drop_path,
                        act_cfg=act_cfg or dict(type='GELU'), add_identity=True, init_cfg=None)
 
-    def forward(self, x: Tensor, hw_shape: HW, attn_mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, hw_shape: HW, plan: Optional[WindowPlan] = None) -> Tensor:
         def inner(x: Tensor) -> Tensor:
-            x = x + self.attn(self.norm1(x), hw_shape, attn_mask)
+            x = x + self.attn(self.norm1(x), hw_shape, plan)
             return self.ffn(self.norm2(x), identity=x)
 
         if self.with_cp and x.requires_grad:

@@ -20,7 +20,7 @@ from mmengine.model import BaseModule, ModuleList
 from mmengine.model.weight_init import constant_init, trunc_normal_, trunc_normal_init
 from torch import Tensor
 
-from ..ops import cached_window_attention_mask, padded_size, to_window_tuple
+from ..ops import to_window_tuple
 from ..registry import MODELS
 from .layers import HW, PatchEmbed, PatchMerging, SwinBlock, WindowMSA
 
@@ -41,19 +41,13 @@ class SwinBlockSequence(nn.Module):
             for i in range(depth)])
         self.downsample = downsample
 
-    def attention_masks(self, hw_shape: HW, x: Tensor) -> dict:
-        """The additive mask of each shift used in this stage, from the bounded cache."""
-        padded = padded_size(hw_shape, self.window_size)
-        valid = tuple(hw_shape) if self.mask_padding else None
-        return {
-            block.shift_size: cached_window_attention_mask(
-                padded, self.window_size, block.shift_size, valid, x.device, torch.float32)
-            for block in self.blocks[:2]}
-
     def forward(self, x: Tensor, hw_shape: HW) -> Tuple[Tensor, HW, Tensor, HW]:
-        masks = self.attention_masks(hw_shape, x)
+        valid = hw_shape if self.mask_padding else None
+        # One plan per shift, shared by every block of the stage (cached across forwards).
+        plans = {block.shift_size: block.attn.plan(hw_shape, valid, x.device)
+                 for block in self.blocks[:2]}
         for block in self.blocks:
-            x = block(x, hw_shape, masks[block.shift_size])
+            x = block(x, hw_shape, plans[block.shift_size])
         if self.downsample is None:
             return x, hw_shape, x, hw_shape
         x_down, down_hw = self.downsample(x, hw_shape)

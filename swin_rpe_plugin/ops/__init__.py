@@ -1,14 +1,15 @@
 """The functional core: plain tensor functions, torch only, no module state."""
 from .attention import window_attention
-from .masks import (MASK_VALUE, cached_window_attention_mask, padding_key_mask,
+from .masks import (MASK_VALUE, padding_key_mask,
                     shift_attention_mask, shift_region_labels, window_attention_mask)
+from .plan import WindowPlan, cached_window_plan, window_plan
 from .relative_position import (gather_relative_position_bias, relative_position_index,
                                 resize_relative_position_bias_table,
                                 table_rows, to_window_tuple)
 from .windows import pad_to_window, padded_size, window_partition, window_unpartition
 
 __all__ = [
-    'MASK_VALUE', 'cached_window_attention_mask', 'gather_relative_position_bias',
+    'MASK_VALUE', 'WindowPlan', 'cached_window_plan', 'window_plan', 'gather_relative_position_bias',
     'pad_to_window', 'padded_size', 'padding_key_mask', 'relative_position_index',
     'resize_relative_position_bias_table',
     'shift_attention_mask', 'shift_region_labels', 'table_rows', 'to_window_tuple',

@@ -1,4 +1,4 @@
-"""Attention masks for (shifted) window attention, and their bounded cache.
+"""Attention masks for (shifted) window attention (cached through ops/plan.py).
 
 Masked entries hold MASK_VALUE = -100, the value of the reference Swin code (and mmdet/mmseg),
 added to the logits before softmax. We keep -100 rather than -inf for two reasons: outputs stay
@@ -8,7 +8,6 @@ resolution next to any unmasked key, so a masked key gets no weight that float32
 
 Imports torch only.
 """
-from functools import lru_cache
 from typing import Optional, Tuple
 
 import torch
@@ -18,7 +17,7 @@ from .relative_position import to_window_tuple
 from .windows import window_partition
 
 __all__ = ['MASK_VALUE', 'shift_region_labels', 'shift_attention_mask', 'padding_key_mask',
-           'window_attention_mask', 'cached_window_attention_mask']
+           'window_attention_mask']
 
 MASK_VALUE = -100.0
 
@@ -113,19 +112,6 @@ def window_attention_mask(padded_hw: Tuple[int, int], window_size, shift_size=0,
         # Two reasons to mask one key still mean "masked": keep a single value.
         mask = mask.clamp(min=MASK_VALUE).contiguous()
     return mask
-
-
-@lru_cache(maxsize=64)
-def cached_window_attention_mask(padded_hw: Tuple[int, int], window_size: Tuple[int, int],
-                                 shift_size: Tuple[int, int],
-                                 valid_hw: Optional[Tuple[int, int]], device: torch.device,
-                                 dtype: torch.dtype) -> Optional[Tensor]:
-    """:func:`window_attention_mask`, built once per key and kept in a bounded LRU cache.
-
-    All arguments must be hashable (tuples, torch.device, torch.dtype). The returned tensor is
-    shared between callers: never modify it in place.
-    """
-    return window_attention_mask(padded_hw, window_size, shift_size, valid_hw, device, dtype)
 
 
 def _shift_tuple(shift_size, window: Tuple[int, int]) -> Tuple[int, int]:

@@ -75,16 +75,15 @@ def test_rectangular_window_runs_and_masks_are_cached():
     attn = model.stages[0].blocks[1].attn
     assert attn.shift_size == (3, 6)
     assert attn.w_msa.relative_position_bias_table.shape == (13 * 23, 1)
-    from swin_rpe_plugin.ops import cached_window_attention_mask
-    cached_window_attention_mask.cache_clear()
+    from swin_rpe_plugin.ops import cached_window_plan
+    cached_window_plan.cache_clear()
     with torch.no_grad():
         outs = model(torch.randn(1, 3, 97, 131))
         model(torch.randn(1, 3, 97, 131))
     assert [o.shape[-2:] for o in outs] == [(25, 33), (13, 17), (7, 9), (4, 5)]
-    info = cached_window_attention_mask.cache_info()
-    # Padded sizes 28x36, 14x24, 7x12, 7x12 (stages 2 and 3 share one): 3 sizes x 2 shifts
-    # built once; every other request of the two forwards (2 x 4 stages x 2 shifts) is a hit.
-    assert info.misses == 6 and info.hits == 16 - 6
+    info = cached_window_plan.cache_info()
+    # 4 stage sizes x 2 shifts built once in the first forward; the second forward only hits.
+    assert info.misses == 8 and info.hits == 8
 
 
 @pytest.mark.parametrize('shift', [False, True])
@@ -92,7 +91,7 @@ def test_padding_mask_makes_a_block_blind_to_padding_content(shift):
     # The same 10x11 tokens, once padded with zeros inside the block and once embedded in a
     # 14x14 map of garbage: with the padding key mask, the valid outputs must be equal.
     from swin_rpe_plugin.models.layers import SwinBlock
-    from swin_rpe_plugin.ops import window_attention_mask
+    from swin_rpe_plugin.ops import window_plan
     torch.manual_seed(0)
     block = SwinBlock(32, 2, 128, window_size=7, shift=shift).eval()
     with torch.no_grad():
@@ -100,12 +99,14 @@ def test_padding_mask_makes_a_block_blind_to_padding_content(shift):
     x = torch.randn(1, 10, 11, 32)
     garbage = torch.randn(1, 14, 14, 32) * 5
     garbage[:, :10, :11] = x
-    mask = window_attention_mask((14, 14), 7, block.shift_size, valid_hw=(10, 11))
+    shift = block.shift_size
     with torch.no_grad():
-        inside = block(x.reshape(1, 110, 32), (10, 11), mask).reshape(1, 10, 11, 32)
-        embedded = block(garbage.reshape(1, 196, 32), (14, 14), mask).reshape(1, 14, 14, 32)
-        unmasked = block(garbage.reshape(1, 196, 32), (14, 14),
-                         window_attention_mask((14, 14), 7, block.shift_size))
+        inside = block(x.reshape(1, 110, 32), (10, 11),
+                       window_plan((10, 11), 7, shift, valid_hw=(10, 11)))
+        embedded = block(garbage.reshape(1, 196, 32), (14, 14),
+                         window_plan((14, 14), 7, shift, valid_hw=(10, 11)))
+        unmasked = block(garbage.reshape(1, 196, 32), (14, 14), window_plan((14, 14), 7, shift))
+    inside, embedded = inside.reshape(1, 10, 11, 32), embedded.reshape(1, 14, 14, 32)
     assert torch.allclose(inside, embedded[:, :10, :11], atol=1e-5)
     assert not torch.allclose(inside, unmasked.reshape(1, 14, 14, 32)[:, :10, :11], atol=1e-3)
 

@@ -1,20 +1,40 @@
+import pytest
 import torch
 
 from swin_rpe_plugin.ops import shift_attention_mask, window_attention
 
 
-def test_fused_and_explicit_agree_with_a_loop_reference():
+def loop_reference(q, k, v, bias, full_mask):
+    """One window at a time, the plain formula; full_mask [nW, N, N] or None."""
+    bw, heads, n, hd = q.shape
+    out = torch.empty(bw, n, heads * hd)
+    for i in range(bw):
+        logits = q[i] @ k[i].transpose(-1, -2) * hd ** -0.5 + bias
+        if full_mask is not None:
+            logits = logits + full_mask[i % full_mask.shape[0]]
+        out[i] = (logits.softmax(-1) @ v[i]).transpose(0, 1).reshape(n, heads * hd)
+    return out
+
+
+@pytest.mark.parametrize('fused', [True, False], ids=['sdpa', 'explicit'])
+def test_attention_against_a_loop_reference(fused):
     b, nw, heads, n, hd = 2, 4, 3, 49, 8
     q, k, v = (torch.randn(b * nw, heads, n, hd) for _ in range(3))
     bias = torch.randn(heads, n, n)
     mask = shift_attention_mask((14, 14), 7, 3)
-    expected = torch.empty_like(q)
-    for i in range(b * nw):  # one window at a time, plain formula
-        logits = q[i] @ k[i].transpose(-1, -2) * hd ** -0.5 + bias + mask[i % nw]
-        expected[i] = logits.softmax(-1) @ v[i]
-    for fused in (True, False):
-        out = window_attention(q, k, v, bias, mask, fused=fused)
-        assert torch.allclose(out, expected, atol=1e-5)
-    out = window_attention(q, k, v, bias, None, fused=True)
-    ref = ((q @ k.transpose(-1, -2)) * hd ** -0.5 + bias).softmax(-1) @ v
-    assert torch.allclose(out, ref, atol=1e-5)
+    out = window_attention(q, k, v, bias, mask, fused=fused)
+    assert torch.allclose(out, loop_reference(q, k, v, bias, mask), atol=1e-5)
+    out = window_attention(q, k, v, bias, None, fused=fused)
+    assert torch.allclose(out, loop_reference(q, k, v, bias, None), atol=1e-5)
+    # Only the last 3 windows of each image masked: the first runs with the bias alone.
+    out = window_attention(q, k, v, bias, mask[1:], fused=fused, windows_per_image=nw)
+    full = torch.cat([torch.zeros(1, n, n), mask[1:]])
+    assert torch.allclose(out, loop_reference(q, k, v, bias, full), atol=1e-5)
+
+
+def test_attention_refuses_mismatched_bias_and_mask():
+    q = torch.randn(4, 2, 9, 4)
+    with pytest.raises(ValueError, match='bias'):
+        window_attention(q, q, q, torch.zeros(3, 9, 9))
+    with pytest.raises(ValueError, match='mask'):
+        window_attention(q, q, q, torch.zeros(2, 9, 9), torch.zeros(3, 9, 9))

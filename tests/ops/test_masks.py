@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from swin_rpe_plugin.ops import (MASK_VALUE, cached_window_attention_mask, padding_key_mask,
+from swin_rpe_plugin.ops import (MASK_VALUE, padding_key_mask,
                                  shift_attention_mask, window_attention_mask)
 
 
@@ -75,15 +75,12 @@ def test_padding_key_mask_against_brute_force(shift):
             assert mask[w, 0, k].item() == (MASK_VALUE if outside else 0.0)
 
 
-def test_combined_mask_and_cache():
+def test_combined_mask():
     assert window_attention_mask((14, 14), 7, 0) is None
     full = window_attention_mask((14, 14), 7, 3, valid_hw=(10, 11))
     shift = shift_attention_mask((14, 14), 7, 3)
     pad = padding_key_mask((14, 14), (10, 11), 7, 3)
     assert torch.equal(full, torch.minimum(shift, pad.expand_as(shift)))
-    args = ((14, 14), (7, 7), (3, 3), None, torch.device('cpu'), torch.float32)
-    assert cached_window_attention_mask(*args) is cached_window_attention_mask(*args)
-    assert cached_window_attention_mask.cache_info().maxsize == 64
 
 
 def test_bad_shift_and_valid_size_are_refused():

@@ -1,0 +1,94 @@
+"""Time and measure our Swin backbone against mmdet 3.3's, same config and weights, one run.
+
+    .venv/bin/python tools/benchmark.py [--arch tiny] [--shape 800 1216 --shape 512 512]
+        [--batch N] [--mode infer|train ...] [--threads T] [--repeats R] [--quick]
+        [--compile] [--no-memory] [--json bench.json]
+
+Each record: medians of interleaved runs (ours_ms, mmdet_ms, speedup = mmdet/ours), peak memory
+of each model in a fresh child process (peak RSS above the pre-step RSS), max_abs_diff of the
+outputs on the same input, forward(+backward) GFLOPs and the fraction of this machine's sgemm
+throughput that our backbone reaches.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from swin_rpe_plugin.analysis.benchmark import (ARCHS, benchmark_case,  # noqa: E402
+                                                format_table, sgemm_gflops)
+
+DEFAULT_CASES = [((800, 1216), 1), ((512, 512), 2)]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--arch', choices=sorted(ARCHS), default='tiny')
+    p.add_argument('--shape', type=int, nargs=2, action='append', metavar=('H', 'W'),
+                   help='repeatable; default 800 1216 (batch 1) and 512 512 (batch 2)')
+    p.add_argument('--batch', type=int, help='batch for every shape (default 1 / 2 as above)')
+    p.add_argument('--mode', choices=['infer', 'train'], action='append',
+                   help='repeatable; default both')
+    p.add_argument('--threads', type=int, default=torch.get_num_threads())
+    p.add_argument('--repeats', type=int, default=5)
+    p.add_argument('--quick', action='store_true', help='2 repeats, 512x512 only, no compile')
+    p.add_argument('--compile', dest='compile_lines', action='store_true', default=None,
+                   help='add torch.compile inference lines (default: on unless --quick)')
+    p.add_argument('--no-compile', dest='compile_lines', action='store_false')
+    p.add_argument('--no-memory', action='store_true', help='skip the child-process memory runs')
+    p.add_argument('--mask-padding', action='store_true',
+                   help='also time our backbone with mask_padding=True')
+    p.add_argument('--json', help='write the records here')
+    args = p.parse_args(argv)
+    for h, w in args.shape or []:
+        if h < 1 or w < 1:
+            p.error(f'--shape must be positive, got {h} {w}')
+    if args.repeats < 1 or args.threads < 1:
+        p.error('--repeats and --threads must be >= 1')
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        args.repeats = 2
+    cases = [(tuple(s), args.batch or 1) for s in args.shape] if args.shape else DEFAULT_CASES
+    if args.quick and not args.shape:
+        cases = [((512, 512), args.batch or 2)]
+    if args.batch and not args.shape:
+        cases = [(s, args.batch) for s, _ in cases]
+    modes = args.mode or ['infer', 'train']
+    compile_lines = (not args.quick) if args.compile_lines is None else args.compile_lines
+
+    jobs = [(s, b, m, False, {}) for s, b in cases for m in modes]
+    if args.mask_padding:
+        jobs += [(s, b, 'infer', False, {'mask_padding': True}) for s, b in cases]
+    if compile_lines:
+        jobs += [(s, b, 'infer', True, {}) for s, b in cases]
+
+    sgemm = sgemm_gflops()
+    print(f'sgemm fp32: {sgemm:.1f} GFLOP/s, {args.threads} threads, torch {torch.__version__}')
+    records = []
+    with tqdm(total=len(jobs) * args.repeats, desc='benchmark', unit='run') as bar:
+        for shape, batch, mode, compiled, kwargs in jobs:
+            bar.set_postfix_str(f'{args.arch} {shape[0]}x{shape[1]} b{batch} {mode}'
+                                + (' compile' if compiled else ''))
+            records.append(benchmark_case(
+                args.arch, shape, batch, mode, args.repeats, args.threads, sgemm,
+                measure_memory=not args.no_memory and not compiled, compile_model=compiled,
+                ours_kwargs=kwargs, progress=bar))
+    print(format_table(records))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(dict(sgemm_gflops=sgemm, threads=args.threads, records=records), f,
+                      indent=1)
+        print(f'wrote {args.json}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
