@@ -41,6 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help='input size the image is resized to')
     p.add_argument('--query', type=int, nargs=2, metavar=('Y', 'X'),
                    help="query token on the stage's map (default: its centre)")
+    p.add_argument('--seed', type=int, default=0, help='seed of a fresh model (reproducible)')
     p.add_argument('--out', default='work_dirs/visualize_rpe', help='output directory')
     return p.parse_args(argv)
 
@@ -63,6 +64,7 @@ def load_image(path, hw):
 def main(argv=None) -> list:
     args = parse_args(argv)
     window = args.window_size[0] if len(args.window_size) == 1 else tuple(args.window_size)
+    torch.manual_seed(args.seed)
     model = SwinTransformer(**ARCHS[args.arch], window_size=window, drop_path_rate=0.0)
     if args.checkpoint:
         load_pretrained(model, args.checkpoint, strict=False, allow_pickle=args.allow_pickle)

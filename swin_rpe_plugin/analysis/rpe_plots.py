@@ -210,11 +210,12 @@ def plot_attention(backbone: nn.Module, image: Tensor, rgb: Tensor, stage: int, 
     sy, sx = height / h, width / w
     fig, axes = plt.subplots(1, 3, figsize=(12, 4.5), dpi=DPI)
     titles = ('query token', 'attention with bias', 'attention without bias')
+    top = float(torch.maximum(data['with_bias'].max(), data['without_bias'].max()))
     for ax, key, title in zip(axes, (None, 'with_bias', 'without_bias'), titles):
         ax.imshow(rgb.numpy())
-        if key is not None:
+        if key is not None:  # one colour scale for both, so they compare
             ax.imshow(data[key].numpy(), cmap='inferno', alpha=0.6, interpolation='nearest',
-                      extent=(0, width, height, 0))
+                      extent=(0, width, height, 0), vmin=0, vmax=top)
         ax.add_patch(Rectangle((query[1] * sx, query[0] * sy), sx, sy, fill=False,
                                edgecolor='cyan', linewidth=1.5))
         ax.set_title(f'{title}', fontsize=9)

@@ -9,7 +9,7 @@ from mmengine.analysis import FlopAnalyzer
 
 from swin_rpe_plugin import SwinTransformer
 from swin_rpe_plugin.analysis import (attention_table, build_classifier, count_complexity,
-                                      flop_analyzer, msa_flops, wmsa_flops)
+                                      msa_flops, wmsa_flops)
 
 TOOL = pathlib.Path(__file__).resolve().parents[2] / 'tools' / 'complexity.py'
 TINY = dict(embed_dims=16, depths=(2, 2), num_heads=(1, 2), strides=(4, 2), out_indices=(0, 1),
