@@ -22,9 +22,10 @@ HAS_SAFE_GLOBALS = hasattr(torch.serialization, 'add_safe_globals')
 def history_buffer_getattr(obj: Any, name: str) -> Any:
     """``getattr`` limited to the statistics methods of mmengine's HistoryBuffer."""
     from mmengine.logging import HistoryBuffer
-    method = HistoryBuffer.__dict__.get(name) if obj is HistoryBuffer else None
-    if not callable(method) or not getattr(method, '__qualname__', '').startswith(
-            'HistoryBuffer.'):
+    allowed = {'min', 'max', 'current', 'mean'} | set(HistoryBuffer._statistics_methods)
+    method = HistoryBuffer.__dict__.get(name) if obj is HistoryBuffer and name in allowed \
+        else None
+    if not callable(method):
         raise pickle.UnpicklingError(
             f'refused getattr({getattr(obj, "__name__", type(obj).__name__)}, {name!r}) while '
             'loading with weights_only=True: only HistoryBuffer statistics methods are allowed')
