@@ -1,8 +1,9 @@
 """How each library names Swin v1 weights: one table of key rules per source format (data only).
 
 A format is recognised from its keys (``require``: each pattern matches some key; ``forbid``: no
-key matches), after the container is unwrapped (``state_dict`` / ``model`` / ``module``) and the
-prefix of a whole model is split off (``MODEL_PREFIXES``). Each rule maps a source key to our
+key matches), after the container is unwrapped (``state_dict`` / ``model`` / ``module``), the
+prefix of a whole model is split off (``MODEL_PREFIXES``) and a format's ``optional_prefix``
+(transformers' ``swin.``) is stripped from the keys that carry it. Each rule maps a source key to our
 name (mmdet 3.3 names: ``stages.i.blocks.j.attn.w_msa.qkv.weight``). In a target:
 - ``{g}`` is the regex group ``g``; ``{g|fn}`` applies ``INDEX_MAPS[fn]`` to it (stage numbering);
 - a trailing ``[q]``, ``[k]`` or ``[v]`` marks one third of a fused qkv tensor (rows q, k, v);
