@@ -2,5 +2,11 @@
 from .version import __version__
 from .registry import MODELS
 from .models import SwinTransformer  # noqa: E402  (registers the backbone)
+from .checkpoint import allow_mmengine_checkpoints
+
+# mmengine Runner checkpoints (numpy values in meta, HistoryBuffer in message_hub) under
+# torch >= 2.6's weights_only=True default: a data-only allow-list, so `load_from` and
+# `--resume` work without turning checkpoint safety off (see checkpoint/compat.py).
+allow_mmengine_checkpoints()
 
 __all__ = ['__version__', 'MODELS', 'SwinTransformer']

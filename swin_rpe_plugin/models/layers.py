@@ -15,7 +15,7 @@ from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks.transformer import FFN, build_dropout
 from torch import Tensor
 
-from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias,
+from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias, gather_tokens,
                    relative_position_index, table_rows, to_window_tuple, window_attention)
 
 HW = Tuple[int, int]
@@ -177,10 +177,11 @@ class ShiftWindowMSA(nn.Module):
             plan = self.plan(hw_shape, None, query.device)
         # Pad, roll and partition in one gather (the padding reads an appended zero row, as
         # the reference pads after the norm); the inverse is one gather too.
-        src = F.pad(query, (0, 0, 0, 1)) if plan.needs_pad_row else query
-        windows = src[:, plan.gather].view(-1, self.window_size[0] * self.window_size[1], c)
-        windows = self.w_msa(windows, plan.mask, plan.num_windows)
-        x = windows.view(b, -1, c)[:, plan.scatter]
+        windows = gather_tokens(query, plan.gather, plan.scatter, plan.needs_pad_row, False)
+        windows = self.w_msa(windows.view(-1, self.window_size[0] * self.window_size[1], c),
+                             plan.mask, plan.num_windows)
+        x = gather_tokens(windows.view(b, -1, c), plan.scatter, plan.gather, False,
+                          plan.needs_pad_row)
         return self.drop(x)
 
 

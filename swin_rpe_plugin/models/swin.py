@@ -197,7 +197,7 @@ class SwinTransformer(BaseModule):
         if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
             from ..checkpoint import load_pretrained  # the checkpoint layer sits above models
             load_pretrained(self, self.init_cfg['checkpoint'],
-                            strict=self.init_cfg.get('strict', False),
+                            strict=self.init_cfg.get('strict', True),
                             allow_pickle=self.init_cfg.get('allow_pickle', False))
             return
         if self.init_cfg is not None:

@@ -6,10 +6,12 @@ from .plan import WindowPlan, cached_window_plan, window_plan
 from .relative_position import (gather_relative_position_bias, relative_position_index,
                                 resize_relative_position_bias_table,
                                 table_rows, to_window_tuple)
-from .windows import pad_to_window, padded_size, window_partition, window_unpartition
+from .windows import (gather_tokens, pad_to_window, padded_size, window_partition,
+                      window_unpartition)
 
 __all__ = [
-    'MASK_VALUE', 'WindowPlan', 'cached_window_plan', 'window_plan', 'gather_relative_position_bias',
+    'MASK_VALUE', 'WindowPlan', 'cached_window_plan', 'gather_relative_position_bias',
+    'gather_tokens', 'window_plan',
     'pad_to_window', 'padded_size', 'padding_key_mask', 'relative_position_index',
     'resize_relative_position_bias_table',
     'shift_attention_mask', 'shift_region_labels', 'table_rows', 'to_window_tuple',

@@ -5,12 +5,14 @@ top-left and unpadded sizes are recovered by cropping. Imports torch only.
 """
 from typing import Tuple
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .relative_position import to_window_tuple
 
-__all__ = ['padded_size', 'pad_to_window', 'window_partition', 'window_unpartition']
+__all__ = ['padded_size', 'pad_to_window', 'window_partition', 'window_unpartition',
+           'gather_tokens']
 
 
 def padded_size(hw: Tuple[int, int], window_size) -> Tuple[int, int]:
@@ -73,3 +75,42 @@ def window_unpartition(windows: Tensor, window_size, padded_hw: Tuple[int, int],
     if pad != (0, 0):
         x = x[:, :hp - pad[0], :wp - pad[1]]
     return x
+
+
+class _GatherTokens(torch.autograd.Function):
+    """x[:, index] with index == L meaning a zero token; backward gathers with the inverse."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, index: Tensor, inverse: Tensor, zero_in_index: bool,
+                zero_in_inverse: bool) -> Tensor:
+        ctx.save_for_backward(inverse)
+        ctx.zero_in_inverse = zero_in_inverse
+        return _gather(x, index, zero_in_index)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (inverse, ) = ctx.saved_tensors
+        return _gather(grad.contiguous(), inverse, ctx.zero_in_inverse), None, None, None, None
+
+
+def _gather(x: Tensor, index: Tensor, zero_row: bool) -> Tensor:
+    return (F.pad(x, (0, 0, 0, 1)) if zero_row else x).index_select(1, index)
+
+
+def gather_tokens(x: Tensor, index: Tensor, inverse: Tensor, zero_in_index: bool = False,
+                  zero_in_inverse: bool = False) -> Tensor:
+    """Reorder the tokens of [B, L, C], inserting zero tokens where index says so.
+
+    Args:
+        x: [B, L, C].
+        index: [L'] source token of each output token; the value L means a zero token
+            (then zero_in_index must be True).
+        inverse: [L] position of each input token in the output; the value L' means the
+            output drops the token (then zero_in_inverse must be True). Each input token
+            appears at most once in the output, so the gradient is again a gather, instead of
+            the scatter-add autograd would run for an index.
+
+    Returns:
+        [B, L', C].
+    """
+    return _GatherTokens.apply(x, index, inverse, zero_in_index, zero_in_inverse)

@@ -37,3 +37,19 @@ def test_pad_to_window_pads_bottom_right_with_zeros():
 def test_unpartition_refuses_unpadded_size():
     with pytest.raises(ValueError, match='padded_hw'):
         window_unpartition(torch.zeros(4, 49, 1), 7, (15, 14))
+
+
+def test_gather_tokens_and_its_gradient_against_plain_indexing():
+    from swin_rpe_plugin.ops import gather_tokens, window_plan
+    plan = window_plan((9, 11), 4, (2, 2))  # 12 x 12 padded: index holds zero tokens
+    x = torch.randn(2, 99, 5, dtype=torch.float64, requires_grad=True)
+    out = gather_tokens(x, plan.gather, plan.scatter, True, False)
+    ref = torch.cat([x, torch.zeros(2, 1, 5, dtype=x.dtype)], 1)[:, plan.gather]
+    assert torch.equal(out, ref)
+    back = gather_tokens(out, plan.scatter, plan.gather, False, True)
+    assert torch.equal(back, x)
+    torch.autograd.gradcheck(lambda t: gather_tokens(t, plan.gather, plan.scatter, True, False),
+                             (x, ))
+    y = out.detach().requires_grad_()
+    torch.autograd.gradcheck(lambda t: gather_tokens(t, plan.scatter, plan.gather, False, True),
+                             (y, ))
