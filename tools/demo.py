@@ -1,83 +1,160 @@
-"""Build the project's Mask R-CNN and UperNet (our Swin-T backbone) and run them on a made image.
+"""The end-to-end job on synthetic data: generate, evaluate, fine-tune, evaluate, benchmark, report.
 
-    .venv/bin/python tools/demo.py [--det-config ...] [--seg-config ...] [--size H W]
+    .venv/bin/python tools/demo.py [--out work_dirs/demo] [--data data/synthetic] [--jobs 2]
 
-Prints the backbone feature shapes and the detector's and segmentor's output shapes. Weights are
-random (nothing can be downloaded here); the shapes and the plumbing are what this shows.
+1. tools/make_synthetic_data.py's sets (COCO-format instances, ADE20K-format semantic).
+2. For the tiny Swin Mask R-CNN and UperNet of configs/synthetic/: save the initial weights,
+   evaluate them with tools/test.py ("before"), fine-tune from them with tools/train.py
+   (``load_from``), evaluate the result with tools/test.py ("after", with --show-dir pictures).
+   The two tasks run side by side (--jobs 2), one thread each.
+3. tools/benchmark.py --quick, when that tool is present.
+4. <out>/metrics.json, <out>/demo.png (loss curves, metrics), a summary table on stdout.
+Logs, checkpoints and pictures are under <out>/det and <out>/seg.
 """
 import argparse
+import json
 import os
+import re
+import subprocess
 import sys
-import warnings
+import time
+from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-import torch
+from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DET = os.path.join(ROOT, 'configs/swin_rpe/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py')
-SEG = os.path.join(ROOT, 'configs/swin_rpe/upernet_swin-t-p4-w7_8xb2-160k_ade20k-512x512.py')
+sys.path.insert(0, ROOT)
+from swin_rpe_plugin.datasets import make_synthetic_data  # noqa: E402
+from swin_rpe_plugin.engine.demo import (METRIC_KEYS, loss_curve, options_argv,  # noqa: E402
+                                         plot_results, read_scalars, save_initial_checkpoint,
+                                         summary_table, synthetic_options)
+
+PY = sys.executable
+TASKS = {  # name: (config, toolkit, metrics it reports)
+    'det': ('configs/synthetic/mask-rcnn_swin-rpe-tiny_fpn_shapes.py', 'mmdet',
+            ('bbox_mAP', 'segm_mAP')),
+    'seg': ('configs/synthetic/upernet_swin-rpe-tiny_shapes-128x128.py', 'mmseg', ('mIoU',)),
+}
+ITER = re.compile(r'Iter\(train\) \[\s*(\d+)/(\d+)\]')
+NO_VAL = {'val_cfg': None, 'val_dataloader': None, 'val_evaluator': None}  # test.py evaluates
 
 
-def made_image(h: int, w: int, seed: int = 0) -> np.ndarray:
-    """A BGR uint8 image with a few filled shapes on a gradient."""
-    rng = np.random.default_rng(seed)
-    img = np.zeros((h, w, 3), np.uint8)
-    img[:] = np.linspace(40, 200, w, dtype=np.uint8)[None, :, None]
-    for _ in range(4):
-        y0, x0 = rng.integers(0, h // 2), rng.integers(0, w // 2)
-        y1, x1 = y0 + rng.integers(h // 8, h // 2), x0 + rng.integers(w // 8, w // 2)
-        img[y0:y1, x0:x1] = rng.integers(0, 255, 3)
-    return img
+def run(cmd, log_path, env, bar=None) -> float:
+    """Run ``cmd``, stream its output to ``log_path`` (and training progress to ``bar``)."""
+    start = time.time()
+    with open(log_path, 'w') as log, subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True) as proc:
+        for line in proc.stdout:
+            log.write(line)
+            match = ITER.search(line) if bar is not None else None
+            if match:
+                bar.total = int(match.group(2))
+                bar.n = int(match.group(1))
+                bar.refresh()
+    if proc.returncode:
+        with open(log_path) as f:
+            tail = ''.join(f.readlines()[-15:])
+        raise RuntimeError(f'{" ".join(cmd[1:3])} failed ({proc.returncode}); see {log_path}:'
+                           f'\n{tail}')
+    return time.time() - start
 
 
-def shapes(tensors) -> str:
-    return ', '.join(str(tuple(t.shape)) for t in tensors)
-
-
-def run_detector(config: str, img: np.ndarray) -> None:
-    from mmdet.apis import inference_detector, init_detector
-    model = init_detector(config, checkpoint=None, device='cpu',
-                          cfg_options={'model.backbone.init_cfg': None})
-    print(f'[det] {config}\n[det] backbone: {type(model.backbone).__module__}.'
-          f'{type(model.backbone).__name__}')
-    with torch.no_grad():
-        data = model.data_preprocessor({'inputs': [torch.from_numpy(img).permute(2, 0, 1)]})
-        print(f'[det] backbone features: {shapes(model.backbone(data["inputs"]))}')
-        result = inference_detector(model, img)
-    pred = result.pred_instances
-    print(f'[det] image {img.shape[:2]} -> boxes {tuple(pred.bboxes.shape)}, scores '
-          f'{tuple(pred.scores.shape)}, masks {tuple(pred.masks.shape)}')
-
-
-def run_segmentor(config: str, img: np.ndarray) -> None:
-    from mmengine.model import revert_sync_batchnorm
-    from mmseg.apis import inference_model, init_model
-    model = init_model(config, checkpoint=None, device='cpu',
-                       cfg_options={'model.backbone.init_cfg': None})
-    model = revert_sync_batchnorm(model)  # the ADE20K base uses SyncBN: BN on one CPU process
-    print(f'[seg] {config}\n[seg] backbone: {type(model.backbone).__module__}.'
-          f'{type(model.backbone).__name__}')
-    with torch.no_grad():
-        data = model.data_preprocessor({'inputs': [torch.from_numpy(img).permute(2, 0, 1)]})
-        print(f'[seg] backbone features: {shapes(model.backbone(data["inputs"]))}')
-        result = inference_model(model, img)
-    print(f'[seg] image {img.shape[:2]} -> logits {tuple(result.seg_logits.data.shape)}, '
-          f'label map {tuple(result.pred_sem_seg.data.shape)}')
+def run_task(name, init, out, data, threads, position, max_iters=None):
+    config, toolkit, _ = TASKS[name]
+    work = os.path.join(out, name)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    opts = synthetic_options(toolkit, data)
+    warmup = max(1, (max_iters or 0) // 4)
+    schedule = {} if max_iters is None else {  # a shorter run, warm-up then decay
+        'train_cfg.max_iters': max_iters, 'param_scheduler.0.end': warmup,
+        'param_scheduler.1.begin': warmup, 'param_scheduler.1.end': max_iters,
+        'default_hooks.checkpoint.interval': max_iters}
+    times = {}
+    test = [PY, 'tools/test.py', config]
+    times[f'{name} test before'] = run(
+        test + [init, '--work-dir', os.path.join(work, 'test_before'), '--out-metrics',
+                os.path.join(work, 'metrics_before.json')] + options_argv(opts),
+        os.path.join(work, 'test_before.log'), env)
+    with tqdm(desc=f'{name} train', position=position, unit='it', leave=True) as bar:
+        times[f'{name} train'] = run(
+            [PY, 'tools/train.py', config, '--work-dir', os.path.join(work, 'train')]
+            + options_argv({**opts, **NO_VAL, **schedule, 'load_from': init}),
+            os.path.join(work, 'train.log'), env, bar)
+    with open(os.path.join(work, 'train', 'last_checkpoint')) as f:
+        checkpoint = f.read().strip()
+    times[f'{name} test after'] = run(
+        test + [checkpoint, '--work-dir', os.path.join(work, 'test_after'), '--out-metrics',
+                os.path.join(work, 'metrics_after.json'), '--show-dir',
+                os.path.join(work, 'predictions')] + options_argv(opts),
+        os.path.join(work, 'test_after.log'), env)
+    return times
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--det-config', default=DET)
-    parser.add_argument('--seg-config', default=SEG)
-    parser.add_argument('--size', type=int, nargs=2, default=(427, 640), metavar=('H', 'W'))
+    parser.add_argument('--out', default='work_dirs/demo')
+    parser.add_argument('--data', default='data/synthetic')
+    parser.add_argument('--num-train', type=int, default=200)
+    parser.add_argument('--num-val', type=int, default=50)
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--jobs', type=int, choices=(1, 2), default=2,
+                        help='run detection and segmentation side by side (2) or in turn (1)')
+    parser.add_argument('--max-iters', type=int,
+                        help="override the configs' schedule length (for a quick look)")
     args = parser.parse_args(argv)
-    # The stack's own deprecation chatter (pkg_resources, build_loss) is not ours to show.
-    warnings.filterwarnings('ignore', category=DeprecationWarning)
-    warnings.filterwarnings('ignore', message='.*(build_loss|avg_non_ignore|checkpoint is None)')
-    torch.manual_seed(0)
-    img = made_image(*args.size)
-    run_detector(args.det_config, img)
-    run_segmentor(args.seg_config, img)
+    out, data = os.path.abspath(args.out), os.path.abspath(args.data)
+    start = time.time()
+    times = {}
+
+    print(f'[1/4] synthetic data -> {data}')
+    t = time.time()
+    make_synthetic_data(data, args.num_train, args.num_val, args.seed)
+    times['data'] = time.time() - t
+
+    print('[2/4] initial weights, evaluate, fine-tune, evaluate (logs under '
+          f'{out}/det, {out}/seg)')
+    inits = {}
+    for name, (config, toolkit, _) in TASKS.items():
+        os.makedirs(os.path.join(out, name), exist_ok=True)
+        inits[name] = save_initial_checkpoint(
+            os.path.join(ROOT, config), os.path.join(out, name, 'init.pth'), args.seed,
+            synthetic_options(toolkit, data))
+    threads = 1 if args.jobs == 2 else max(1, os.cpu_count() or 1)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(run_task, name, inits[name], out, data, threads, i,
+                               args.max_iters)
+                   for i, name in enumerate(TASKS)]
+        for future in futures:
+            times.update(future.result())
+
+    print('[3/4] benchmark')
+    bench = os.path.join(ROOT, 'tools', 'benchmark.py')
+    if os.path.isfile(bench):
+        times['benchmark --quick'] = run(
+            [PY, bench, '--quick', '--json', os.path.join(out, 'benchmark.json')],
+            os.path.join(out, 'benchmark.log'), dict(os.environ))
+        with open(os.path.join(out, 'benchmark.log')) as f:
+            print(''.join(f.readlines()[-12:]))
+    else:
+        print('note: tools/benchmark.py is not in this checkout yet; benchmark skipped')
+
+    print('[4/4] report')
+    metrics, curves = {}, {}
+    for name, (_, _, names) in TASKS.items():
+        results = {}
+        for when in ('before', 'after'):
+            with open(os.path.join(out, name, f'metrics_{when}.json')) as f:
+                results[when] = json.load(f)
+        for metric in names:
+            metrics[metric] = {w: results[w][METRIC_KEYS[metric]] for w in results}
+        curves[name] = loss_curve(read_scalars(os.path.join(out, name, 'train')))
+    times['total'] = time.time() - start
+    with open(os.path.join(out, 'metrics.json'), 'w') as f:
+        json.dump(dict(metrics, wall_time_s=times), f, indent=1)
+    plot_results(curves, metrics, os.path.join(out, 'demo.png'))
+    print(f'wrote {out}/metrics.json, {out}/demo.png')
+    print(summary_table(metrics, times))
     return 0
 
 

@@ -35,11 +35,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        train(args.config, args.work_dir, args.cfg_options, args.resume, args.amp,
-              args.launcher)
+        runner = train(args.config, args.work_dir, args.cfg_options, args.resume, args.amp,
+                       args.launcher)
     except UsageError as err:  # a bad path, argument or key: one line, no traceback
         print(f'error: {err}', file=sys.stderr)
         return 2
+    print(f'rank {runner.rank}/{runner.world_size}: training finished, work dir '
+          f'{runner.work_dir}', flush=True)
     return 0
 
 
