@@ -1,12 +1,13 @@
 """Benchmark runner: our backbone against mmdet 3.3's SwinTransformer, same config and weights.
 
 Timing interleaves the two models (A, B, A, B, ...) after warm-up in one process and reports
-medians. Peak memory is measured in a fresh child process per (model, mode, shape, batch): the
-peak resident set size (``ru_maxrss``) minus the resident size just before the measured step,
-i.e. what the step itself added on top of weights, input and the interpreter.
+medians. Peak memory is measured in a fresh child process per (model, mode, shape, batch) that
+builds only that model: the kernel's peak resident set size (VmHWM) is reset to the current
+size just before the measured step (``/proc/self/clear_refs``), and the peak minus the size
+before the step is what the step itself added on top of weights, input and the interpreter.
 """
+import gc
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -22,20 +23,27 @@ ARCHS = {
 }
 
 
-def build_pair(arch: str, window_size: int = 7, seed: int = 0, **ours_kwargs):
-    """mmdet's Swin with random weights (tables included) and ours loaded from its state dict."""
+def build_model(which: str, arch: str, window_size: int = 7, seed: int = 0, **ours_kwargs):
+    """mmdet's Swin ('mmdet') or ours ('ours') with the same seeded random weights."""
     from mmdet.models.backbones import SwinTransformer as MMDetSwin
 
     from ..models import SwinTransformer
     cfg = dict(ARCHS[arch], window_size=window_size, drop_path_rate=0.0)
     torch.manual_seed(seed)
-    stock = MMDetSwin(**cfg)
-    stock.init_weights()
+    model = MMDetSwin(**cfg) if which == 'mmdet' else SwinTransformer(**cfg, **ours_kwargs)
+    model.init_weights()
+    torch.manual_seed(seed + 1)
     with torch.no_grad():  # mmdet leaves bias tables at zero; give them values
-        for name, p in stock.named_parameters():
+        for name, p in model.named_parameters():
             if 'relative_position_bias_table' in name:
                 p.normal_(0, 0.5)
-    ours = SwinTransformer(**cfg, **ours_kwargs)
+    return model
+
+
+def build_pair(arch: str, window_size: int = 7, seed: int = 0, **ours_kwargs):
+    """mmdet's Swin with random weights (tables included) and ours loaded from its state dict."""
+    stock = build_model('mmdet', arch, window_size, seed)
+    ours = build_model('ours', arch, window_size, seed, **ours_kwargs)
     ours.load_state_dict(stock.state_dict(), strict=True)
     return stock, ours
 
@@ -106,9 +114,12 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def _rss_mb() -> float:
-    with open('/proc/self/statm') as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+def _status_mb(field: str) -> float:
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(field + ':'):
+                return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError(f'{field} not in /proc/self/status')
 
 
 def child_peak_mb(which: str, arch: str, shape: Tuple[int, int], batch: int, mode: str,
@@ -124,15 +135,15 @@ def child_peak_mb(which: str, arch: str, shape: Tuple[int, int], batch: int, mod
 def _child_main(spec: str) -> None:
     spec = json.loads(spec)
     torch.set_num_threads(spec['threads'])
-    stock, ours = build_pair(spec['arch'], **spec['ours_kwargs'])
-    model = stock if spec['which'] == 'mmdet' else ours
-    del stock, ours
+    model = build_model(spec['which'], spec['arch'], **spec['ours_kwargs'])
     run = step_fn(model, spec['mode'])
     x = torch.randn(spec['batch'], 3, *spec['shape'])
-    before = _rss_mb()
+    gc.collect()
+    before = _status_mb('VmRSS')
+    with open('/proc/self/clear_refs', 'w') as f:
+        f.write('5')  # reset VmHWM (peak RSS) to the current RSS
     run(x)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    print(peak - before)
+    print(_status_mb('VmHWM') - before)
 
 
 def benchmark_case(arch: str, shape: Tuple[int, int], batch: int, mode: str, repeats: int,

@@ -84,10 +84,12 @@ def query_attention(backbone: nn.Module, image: Tensor, stage: int, block: int, 
     blk = get_block(backbone, stage, block)
     captured = {}
 
-    def grab(module, args):  # ShiftWindowMSA(query [B, H*W, C] after norm1, hw_shape, ...)
-        captured.update(x=args[0], hw=tuple(args[1]))
+    def grab(module, args, kwargs):  # ShiftWindowMSA(query [B, H*W, C], hw_shape, plan, norm)
+        norm = kwargs.get('norm', args[3] if len(args) > 3 else None)
+        x = args[0] if norm is None else norm(args[0])  # the block passes norm1 to fuse it
+        captured.update(x=x, hw=tuple(args[1]))
 
-    handle = blk.attn.register_forward_pre_hook(grab)
+    handle = blk.attn.register_forward_pre_hook(grab, with_kwargs=True)
     try:
         backbone.eval()(image)
     finally:

@@ -11,12 +11,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
-from mmcv.cnn import build_norm_layer
-from mmcv.cnn.bricks.transformer import FFN, build_dropout
+from mmcv.cnn import build_activation_layer, build_norm_layer
+from mmcv.cnn.bricks.transformer import build_dropout
 from torch import Tensor
 
 from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias, gather_tokens,
-                   relative_position_index, table_rows, to_window_tuple, window_attention)
+                   linear_with_recomputed_input, relative_position_index, table_rows,
+                   to_window_tuple, window_attention)
 
 HW = Tuple[int, int]
 
@@ -129,8 +130,14 @@ class WindowMSA(nn.Module):
 
         Returns [B * nW, N, C].
         """
-        bw, n, c = x.shape
-        qkv = self.qkv(x).reshape(bw, n, 3, self.num_heads, c // self.num_heads)
+        return self.attend(self.qkv(x), mask, windows_per_image)
+
+    def attend(self, qkv: Tensor, mask: Optional[Tensor] = None,
+               windows_per_image: Optional[int] = None) -> Tensor:
+        """Attention and output projection from the qkv projection [B * nW, N, 3C]."""
+        bw, n, c3 = qkv.shape
+        c = c3 // 3
+        qkv = qkv.reshape(bw, n, 3, self.num_heads, c // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         out = window_attention(q, k, v, self.relative_position_bias(), mask, self.scale,
                                self.attn_drop_rate if self.training else 0.0,
@@ -167,22 +174,69 @@ class ShiftWindowMSA(nn.Module):
                                   None if valid_hw is None else tuple(valid_hw), device,
                                   torch.float32)
 
-    def forward(self, query: Tensor, hw_shape: HW, plan: Optional[WindowPlan] = None) -> Tensor:
-        """query: [B, H*W, C]; plan: from :meth:`plan` (built here if None). -> [B, H*W, C]."""
+    def forward(self, query: Tensor, hw_shape: HW, plan: Optional[WindowPlan] = None,
+                norm: Optional[nn.Module] = None) -> Tensor:
+        """query: [B, H*W, C] -> [B, H*W, C].
+
+        Args:
+            plan: from :meth:`plan` (built here if None).
+            norm: applied to query first (the block's norm1); passing it here lets the norm
+                output be recomputed in backward instead of kept.
+        """
         b, length, c = query.shape
         h, w = hw_shape
         if length != h * w:
             raise ValueError(f'query has {length} tokens but hw_shape {hw_shape} needs {h * w}')
         if plan is None:
             plan = self.plan(hw_shape, None, query.device)
-        # Pad, roll and partition in one gather (the padding reads an appended zero row, as
-        # the reference pads after the norm); the inverse is one gather too.
-        windows = gather_tokens(query, plan.gather, plan.scatter, plan.needs_pad_row, False)
-        windows = self.w_msa(windows.view(-1, self.window_size[0] * self.window_size[1], c),
-                             plan.mask, plan.num_windows)
+        n = self.window_size[0] * self.window_size[1]
+
+        def to_windows(t: Tensor) -> Tensor:
+            # Pad, roll and partition in one gather; padding reads a zero row, as the
+            # reference pads after the norm.
+            t = norm(t) if norm is not None else t
+            return gather_tokens(t, plan.gather, plan.scatter, plan.needs_pad_row,
+                                 False).view(-1, n, c)
+
+        qkv = linear_with_recomputed_input(
+            query, to_windows, list(norm.parameters()) if norm is not None else [],
+            self.w_msa.qkv.weight, self.w_msa.qkv.bias)
+        windows = self.w_msa.attend(qkv, plan.mask, plan.num_windows)
         x = gather_tokens(windows.view(b, -1, c), plan.scatter, plan.gather, False,
                           plan.needs_pad_row)
         return self.drop(x)
+
+
+class FFN(nn.Module):
+    """fc1 -> act -> dropout -> fc2 -> dropout, then drop path and the residual.
+
+    The module and parameter names of mmcv's ``FFN`` (``layers.0.0``, ``layers.1``), so
+    checkpoints match; the inputs of fc1 (the norm) and fc2 (the activation) are recomputed in
+    backward instead of kept when there is no dropout between them.
+    """
+
+    def __init__(self, embed_dims: int, feedforward_channels: int, act_cfg: dict,
+                 ffn_drop: float = 0., dropout_layer: Optional[dict] = None):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Sequential(nn.Linear(embed_dims, feedforward_channels),
+                          build_activation_layer(act_cfg), nn.Dropout(ffn_drop)),
+            nn.Linear(feedforward_channels, embed_dims), nn.Dropout(ffn_drop))
+        self.dropout_layer = build_dropout(dropout_layer or dict(type='DropPath', drop_prob=0.))
+        self.ffn_drop = ffn_drop
+
+    def forward(self, x: Tensor, identity: Tensor, norm: Optional[nn.Module] = None) -> Tensor:
+        """x: [B, L, C] (norm input when norm is given); identity: the residual."""
+        (fc1, act, drop1), fc2, drop2 = self.layers
+        norm = norm if norm is not None else nn.Identity()
+        hidden = linear_with_recomputed_input(x, norm, list(norm.parameters()), fc1.weight,
+                                              fc1.bias)
+        if self.ffn_drop == 0:
+            out = linear_with_recomputed_input(hidden, act, list(act.parameters()), fc2.weight,
+                                               fc2.bias)
+        else:
+            out = drop2(fc2(drop1(act(hidden))))
+        return identity + self.dropout_layer(out)
 
 
 class SwinBlock(nn.Module):
@@ -205,14 +259,13 @@ class SwinBlock(nn.Module):
                                    qk_scale, attn_drop_rate, drop_rate, drop_path,
                                    fused_attention)
         self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
-        self.ffn = FFN(embed_dims=embed_dims, feedforward_channels=feedforward_channels,
-                       num_fcs=2, ffn_drop=drop_rate, dropout_layer=drop_path,
-                       act_cfg=act_cfg or dict(type='GELU'), add_identity=True, init_cfg=None)
+        self.ffn = FFN(embed_dims, feedforward_channels, act_cfg or dict(type='GELU'),
+                       drop_rate, drop_path)
 
     def forward(self, x: Tensor, hw_shape: HW, plan: Optional[WindowPlan] = None) -> Tensor:
         def inner(x: Tensor) -> Tensor:
-            x = x + self.attn(self.norm1(x), hw_shape, plan)
-            return self.ffn(self.norm2(x), identity=x)
+            x = x + self.attn(x, hw_shape, plan, norm=self.norm1)
+            return self.ffn(x, identity=x, norm=self.norm2)
 
         if self.with_cp and x.requires_grad:
             return cp.checkpoint(inner, x, use_reentrant=False)

@@ -42,6 +42,19 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
                              f'{n} tokens, {nw} per image')
     if not fused:
         return _explicit(q, k, v, bias, mask, scale, dropout_p, windows_per_image)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias))
+    if needs_grad and dropout_p == 0 and not torch.jit.is_tracing():
+        # SDPA's CPU flash kernel has no gradient for the mask, so autograd would fall back
+        # to the math path, which keeps every attention matrix for the backward. Ours runs the
+        # flash forward and recomputes the attention matrices one image at a time backward.
+        nw = windows_per_image or (q.shape[0] if mask is None else mask.shape[0])
+        return _RecomputedWindowAttention.apply(q, k, v, bias, mask, scale, nw)
+    return _fused(q, k, v, bias, mask, scale, dropout_p, windows_per_image)
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor], scale: float,
+           dropout_p: float, windows_per_image: Optional[int]) -> Tensor:
+    bw, heads, n, head_dim = q.shape
     # The CPU flash kernel of SDPA takes 4-D inputs and a 4-D mask that broadcasts over the
     # batch ([1, heads, N, N]) or matches it; other shapes fall back to the slower math path.
     # So unmasked windows run in one call with the broadcast bias, and the masked windows of
@@ -51,6 +64,7 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(0).to(q.dtype),
                                              dropout_p=dropout_p, scale=scale)
         return out.transpose(1, 2).reshape(bw, n, heads * head_dim)
+    nw = windows_per_image or mask.shape[0]
     nm = mask.shape[0]
     masked_bias = (bias.unsqueeze(0) + mask.unsqueeze(1).to(bias.dtype)).to(q.dtype)
     plain_bias = bias.unsqueeze(0).to(q.dtype)
@@ -79,3 +93,41 @@ def _explicit(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tens
     if dropout_p > 0:
         attn = F.dropout(attn, p=dropout_p)
     return (attn @ v).transpose(1, 2).reshape(bw, n, heads * head_dim)
+
+
+class _RecomputedWindowAttention(torch.autograd.Function):
+    """Flash forward; backward recomputes softmax(q k^T s + bias + mask) per image."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, mask, scale, nw):
+        ctx.save_for_backward(q, k, v, bias, mask)
+        ctx.scale, ctx.nw = scale, nw
+        with torch.no_grad():
+            return _fused(q, k, v, bias, mask, scale, 0.0, nw)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, bias, mask = ctx.saved_tensors
+        dtypes = (q.dtype, k.dtype, v.dtype, bias.dtype)
+        # Backward in float32 whatever the forward ran in (autocast does not reach here).
+        q, k, v, bias, grad_out = (t.float() for t in (q, k, v, bias, grad_out))
+        scale, nw = ctx.scale, ctx.nw
+        bw, heads, n, head_dim = q.shape
+        grad_out = grad_out.reshape(bw, n, heads, head_dim).transpose(1, 2)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dbias = torch.zeros(heads, n, n, device=q.device)
+        for lo in range(0, bw, nw):  # one image at a time bounds the recomputed matrices
+            hi = lo + nw
+            qi, ki, vi, gi = q[lo:hi], k[lo:hi], v[lo:hi], grad_out[lo:hi]
+            logits = (qi @ ki.transpose(-2, -1)) * scale + bias
+            if mask is not None:
+                logits[nw - mask.shape[0]:] += mask.unsqueeze(1).to(logits.dtype)
+            p = logits.softmax(dim=-1)
+            dv[lo:hi] = p.transpose(-2, -1) @ gi
+            dp = gi @ vi.transpose(-2, -1)
+            ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+            dbias += ds.sum(0)
+            dq[lo:hi] = (ds @ ki) * scale
+            dk[lo:hi] = (ds.transpose(-2, -1) @ qi) * scale
+        grads = (g.to(dt) for g, dt in zip((dq, dk, dv, dbias), dtypes))
+        return (*grads, None, None, None)

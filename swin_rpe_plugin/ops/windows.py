@@ -113,4 +113,6 @@ def gather_tokens(x: Tensor, index: Tensor, inverse: Tensor, zero_in_index: bool
     Returns:
         [B, L', C].
     """
+    if not (torch.is_grad_enabled() and x.requires_grad) or torch.jit.is_tracing():
+        return _gather(x, index, zero_in_index)  # tracers (FLOP counters) see plain ops
     return _GatherTokens.apply(x, index, inverse, zero_in_index, zero_in_inverse)

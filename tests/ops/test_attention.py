@@ -38,3 +38,38 @@ def test_attention_refuses_mismatched_bias_and_mask():
         window_attention(q, q, q, torch.zeros(3, 9, 9))
     with pytest.raises(ValueError, match='mask'):
         window_attention(q, q, q, torch.zeros(2, 9, 9), torch.zeros(3, 9, 9))
+
+
+@pytest.mark.parametrize('masked_windows', [0, 1, 4])
+def test_recomputed_backward_matches_autograd_of_the_explicit_path(masked_windows):
+    b, nw, heads, n, hd = 2, 4, 3, 49, 8
+    q, k, v = (torch.randn(b * nw, heads, n, hd, requires_grad=True) for _ in range(3))
+    bias = torch.randn(heads, n, n, requires_grad=True)
+    mask = shift_attention_mask((14, 14), 7, 3)[nw - masked_windows:] if masked_windows else None
+    grads = []
+    for fused in (True, False):
+        out = window_attention(q, k, v, bias, mask, fused=fused, windows_per_image=nw)
+        weight = torch.linspace(-1, 1, out.numel()).view_as(out)
+        grads.append(torch.autograd.grad((out * weight).sum(), (q, k, v, bias)))
+    for fused_grad, explicit_grad in zip(*grads):
+        assert torch.allclose(fused_grad, explicit_grad, atol=1e-5)
+
+
+def test_linear_with_recomputed_input_matches_autograd():
+    from swin_rpe_plugin.ops import linear_with_recomputed_input
+    norm = torch.nn.LayerNorm(6).double()
+    with torch.no_grad():
+        norm.weight.normal_(), norm.bias.normal_()
+    weight = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, 7, 6, dtype=torch.float64, requires_grad=True)
+    prefix = lambda t: torch.nn.functional.gelu(norm(t))  # noqa: E731
+    inputs = (x, weight, bias, norm.weight, norm.bias)
+    out = linear_with_recomputed_input(x, prefix, list(norm.parameters()), weight, bias)
+    ref = torch.nn.functional.linear(prefix(x), weight, bias)
+    assert torch.allclose(out, ref)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, g)
+    expected = torch.autograd.grad(ref, inputs, g)
+    for a, b in zip(got, expected):
+        assert torch.allclose(a, b, atol=1e-10)

@@ -1,0 +1,75 @@
+"""A linear layer whose input is recomputed in backward instead of kept.
+
+In a Swin block the inputs of the big linear layers are cheap functions of tensors autograd
+keeps anyway: LayerNorm (+ window gather) of the block input for qkv, LayerNorm of the residual
+for fc1, GELU of fc1's output for fc2. Keeping those inputs costs 6 of the ~16 channel-widths
+of activations a block stores; recomputing them costs a few elementwise passes in backward.
+Unlike activation checkpointing, the GEMM itself is never recomputed.
+
+Imports torch only.
+"""
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ['linear_with_recomputed_input']
+
+
+class _LinearRecomputedInput(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], prefix: Callable,
+                num_prefix_params: int, *prefix_params: Tensor) -> Tensor:
+        ctx.prefix, ctx.num_prefix_params = prefix, num_prefix_params
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight, *prefix_params)
+        with torch.no_grad():
+            return F.linear(prefix(x), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        x, weight, *prefix_params = ctx.saved_tensors
+        with torch.enable_grad():
+            x_ = x.detach().requires_grad_(ctx.needs_input_grad[0])
+            y = ctx.prefix(x_)
+        grad_flat = grad_out.reshape(-1, grad_out.shape[-1])
+        grad_weight = grad_bias = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = grad_flat.t() @ y.detach().reshape(-1, y.shape[-1])
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad_flat.sum(0)
+        grad_y = grad_out @ weight
+        wanted = [t for t, need in zip([x_, *prefix_params],
+                                       [ctx.needs_input_grad[0], *ctx.needs_input_grad[5:]])
+                  if need]
+        grads = iter(torch.autograd.grad(y, wanted, grad_y) if wanted else ())
+        grad_x = next(grads) if ctx.needs_input_grad[0] else None
+        grad_params = [next(grads) if need else None for need in ctx.needs_input_grad[5:]]
+        return (grad_x, grad_weight, grad_bias, None, None, *grad_params)
+
+
+def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
+                                 prefix_params: Sequence[Tensor], weight: Tensor,
+                                 bias: Optional[Tensor]) -> Tensor:
+    """``F.linear(prefix(x), weight, bias)``, keeping x instead of prefix(x) for backward.
+
+    Args:
+        x: input of the prefix, [..., C_in'] (kept for backward).
+        prefix: cheap function to recompute in backward, e.g. LayerNorm; it may use only the
+            tensors in prefix_params as trainable parameters.
+        prefix_params: the parameters prefix uses (they receive gradients).
+        weight, bias: of the linear layer, [C_out, C_in] and [C_out].
+
+    Returns:
+        [..., C_out].
+    """
+    needs_grad = torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or any(p.requires_grad for p in prefix_params))
+    # Under autocast the plain path keeps autocast's dtype rules (no saving there); tracers
+    # (FLOP counters) see plain ops.
+    if not needs_grad or torch.is_autocast_enabled(x.device.type) or torch.jit.is_tracing():
+        return F.linear(prefix(x), weight, bias)
+    return _LinearRecomputedInput.apply(x, weight, bias, prefix, len(prefix_params),
+                                        *prefix_params)
