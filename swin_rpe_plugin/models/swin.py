@@ -41,8 +41,16 @@ class SwinBlockSequence(nn.Module):
             for i in range(depth)])
         self.downsample = downsample
 
-    def forward(self, x: Tensor, hw_shape: HW) -> Tuple[Tensor, HW, Tensor, HW]:
-        valid = hw_shape if self.mask_padding else None
+    def forward(self, x: Tensor, hw_shape: HW, valid: Optional[tuple] = None,
+                token_mask: Optional[Tensor] = None) -> Tuple[Tensor, HW, Tensor, HW]:
+        """x: [B, H*W, C] -> (merged x, its hw, stage output, hw).
+
+        Args:
+            valid: per-image (h, w) token regions, or None (then ``mask_padding`` decides).
+            token_mask: [B, H*W, 1], 1 on valid tokens: zeroes the rest before merging.
+        """
+        if valid is None and self.mask_padding:
+            valid = tuple(hw_shape)
         # One plan per shift, shared by every block of the stage (cached across forwards).
         plans = {block.shift_size: block.attn.plan(hw_shape, valid, x.device)
                  for block in self.blocks[:2]}
@@ -50,7 +58,7 @@ class SwinBlockSequence(nn.Module):
             x = block(x, hw_shape, plans[block.shift_size])
         if self.downsample is None:
             return x, hw_shape, x, hw_shape
-        x_down, down_hw = self.downsample(x, hw_shape)
+        x_down, down_hw = self.downsample(x if token_mask is None else x * token_mask, hw_shape)
         return x_down, down_hw, x, hw_shape
 
 
@@ -213,26 +221,49 @@ class SwinTransformer(BaseModule):
             elif isinstance(m, WindowMSA):
                 trunc_normal_(m.relative_position_bias_table, std=0.02)
 
-    def forward(self, x: Tensor) -> List[Tensor]:
-        """[B, in_channels, H, W] -> list of [B, C_i, H_i, W_i], one per out index."""
+    def forward(self, x: Tensor, valid_sizes=None) -> List[Tensor]:
+        """[B, in_channels, H, W] -> list of [B, C_i, H_i, W_i], one per out index.
+
+        Args:
+            valid_sizes: per image, the (h, w) in pixels of the unpadded image at the top-left
+                of x (a [B, 2] integer tensor or a sequence of pairs), or None. Tokens outside
+                an image's region are then kept out of attention as keys, zeroed before patch
+                merging and zero in the outputs, so an image's features do not depend on how
+                its batch was padded.
+        """
         if not isinstance(x, Tensor) or x.dim() != 4:
             raise ValueError('input must be a 4-D tensor [B, C, H, W], got '
                              f'{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}')
         if x.shape[1] != self.in_channels:
             raise ValueError(f'input has {x.shape[1]} channels but in_channels='
                              f'{self.in_channels} (input shape {tuple(x.shape)})')
+        valid = _parse_valid_sizes(valid_sizes, x.shape)
+        if valid is not None:  # the batch's pad value need not be 0: zero padding pixels
+            x = x * _region_mask(valid, x.shape[2:], x).view(x.shape[0], 1, *x.shape[2:])
         x, hw_shape = self.patch_embed(x)
         if self.use_abs_pos_embed:
             x = x + self._pos_embed_for(hw_shape)
         x = self.drop_after_pos(x)
 
+        patch = self.patch_embed.patch_size
+        valid = None if valid is None else tuple(
+            (-(-h // patch[0]), -(-w // patch[1])) for h, w in valid)
         outs = []
         for i, stage in enumerate(self.stages):
-            x, hw_shape, out, out_hw = stage(x, hw_shape)
+            token_mask = None
+            if valid is not None and any(v != tuple(hw_shape) for v in valid):
+                token_mask = _region_mask(valid, hw_shape, x).view(x.shape[0], -1, 1)
+            x, next_hw, out, out_hw = stage(x, hw_shape, valid, token_mask)
             if i in self.out_indices:
                 out = getattr(self, f'norm{i}')(out)
+                if token_mask is not None:
+                    out = out * token_mask
                 outs.append(out.view(-1, *out_hw, self.num_features[i])
                             .permute(0, 3, 1, 2).contiguous())
+            if valid is not None and stage.downsample is not None:
+                s = stage.downsample.stride
+                valid = tuple((-(-h // s), -(-w // s)) for h, w in valid)
+            hw_shape = next_hw
         return outs
 
     def _pos_embed_for(self, hw_shape: HW) -> Tensor:
@@ -242,6 +273,40 @@ class SwinTransformer(BaseModule):
         grid = self.absolute_pos_embed.reshape(1, *self.pos_embed_grid, c).permute(0, 3, 1, 2)
         grid = F.interpolate(grid, size=tuple(hw_shape), mode='bicubic', align_corners=False)
         return grid.flatten(2).transpose(1, 2)
+
+
+def _parse_valid_sizes(valid_sizes, shape) -> Optional[Tuple[Tuple[int, int], ...]]:
+    """Validate per-image (h, w) pixel sizes against an input of ``shape`` [B, C, H, W]."""
+    if valid_sizes is None:
+        return None
+    if isinstance(valid_sizes, Tensor):
+        if valid_sizes.dtype.is_floating_point or valid_sizes.shape != (shape[0], 2):
+            raise ValueError(f'valid_sizes must be an integer tensor of shape [B={shape[0]}, 2], '
+                             f'got {valid_sizes.dtype} of shape {tuple(valid_sizes.shape)}')
+        valid_sizes = valid_sizes.tolist()
+    try:
+        sizes = tuple((int(h), int(w)) for h, w in valid_sizes)
+    except (TypeError, ValueError):
+        raise TypeError('valid_sizes must be a sequence of (h, w) pairs, got '
+                        f'{valid_sizes!r}') from None
+    if len(sizes) != shape[0]:
+        raise ValueError(f'valid_sizes has {len(sizes)} entries but the batch has {shape[0]} '
+                         'images')
+    for i, (h, w) in enumerate(sizes):
+        if not (1 <= h <= shape[2] and 1 <= w <= shape[3]):
+            raise ValueError(f'valid_sizes[{i}]=({h}, {w}) must be within 1..{shape[2]} x '
+                             f'1..{shape[3]} (the input size)')
+    return sizes
+
+
+def _region_mask(valid, hw, like: Tensor) -> Tensor:
+    """[B, H, W] with 1 inside each image's top-left (h, w) region, 0 outside."""
+    rows = torch.arange(hw[0], device=like.device)
+    cols = torch.arange(hw[1], device=like.device)
+    sizes = torch.tensor(valid, device=like.device)
+    inside = (rows[None, :, None] < sizes[:, 0, None, None]) & \
+        (cols[None, None, :] < sizes[:, 1, None, None])
+    return inside.to(like.dtype)
 
 
 def _check_arguments(in_channels, embed_dims, patch_size, depths, num_heads, strides,

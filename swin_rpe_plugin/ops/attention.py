@@ -21,7 +21,8 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
         q, k, v: [B * nW, heads, N, head_dim], windows batch-major.
         bias: [heads, N, N] relative position bias, the same for every window.
         mask: [nM, N, N] additive mask of the LAST nM windows of each image (the others are
-            unmasked), or None. With windows_per_image None, nM = nW: every window masked.
+            unmasked), [B, nM, N, N] for one mask per image, or None. With windows_per_image
+            None, nM = nW: every window masked.
         scale: logit scale; head_dim ** -0.5 if None.
         dropout_p: attention dropout probability (pass 0 in eval mode).
         fused: ``F.scaled_dot_product_attention``; otherwise explicit matmul + softmax in the
@@ -36,8 +37,9 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
         raise ValueError(f'bias must be [heads={heads}, N={n}, N={n}], got {tuple(bias.shape)}')
     scale = head_dim ** -0.5 if scale is None else scale
     if mask is not None:
-        nw = windows_per_image or mask.shape[0]
-        if bw % nw or mask.shape[0] > nw or mask.shape[1:] != (n, n):
+        nw = windows_per_image or mask.shape[-3]
+        if (bw % nw or mask.shape[-3] > nw or mask.shape[-2:] != (n, n)
+                or (mask.dim() == 4 and mask.shape[0] != bw // nw)):
             raise ValueError(f'mask of shape {tuple(mask.shape)} does not fit {bw} windows of '
                              f'{n} tokens, {nw} per image')
     if not fused:
@@ -47,7 +49,7 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
         # SDPA's CPU flash kernel has no gradient for the mask, so autograd would fall back
         # to the math path, which keeps every attention matrix for the backward. Ours runs the
         # flash forward and recomputes the attention matrices one image at a time backward.
-        nw = windows_per_image or (q.shape[0] if mask is None else mask.shape[0])
+        nw = windows_per_image or (q.shape[0] if mask is None else mask.shape[-3])
         return _RecomputedWindowAttention.apply(q, k, v, bias, mask, scale, nw)
     return _fused(q, k, v, bias, mask, scale, dropout_p, windows_per_image)
 
@@ -64,12 +66,14 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(0).to(q.dtype),
                                              dropout_p=dropout_p, scale=scale)
         return out.transpose(1, 2).reshape(bw, n, heads * head_dim)
-    nw = windows_per_image or mask.shape[0]
-    nm = mask.shape[0]
-    masked_bias = (bias.unsqueeze(0) + mask.unsqueeze(1).to(bias.dtype)).to(q.dtype)
+    nw = windows_per_image or mask.shape[-3]
+    nm = mask.shape[-3]
     plain_bias = bias.unsqueeze(0).to(q.dtype)
+    masked_bias = None if mask.dim() == 4 else _masked_bias(bias, mask, q.dtype)
     parts = []
-    for start in range(0, bw, nw):
+    for image, start in enumerate(range(0, bw, nw)):
+        if mask.dim() == 4:
+            masked_bias = _masked_bias(bias, mask[image], q.dtype)
         cut = start + nw - nm
         for lo, hi, attn_mask in ((start, cut, plain_bias), (cut, start + nw, masked_bias)):
             if hi > lo:
@@ -79,15 +83,21 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor]
     return torch.cat(parts).reshape(bw, n, heads * head_dim)
 
 
+def _masked_bias(bias: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """[nM, heads, N, N] bias + mask of the masked windows of one image."""
+    return (bias.unsqueeze(0) + mask.unsqueeze(1).to(bias.dtype)).to(dtype)
+
+
 def _explicit(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
               scale: float, dropout_p: float, windows_per_image: Optional[int]) -> Tensor:
     bw, heads, n, head_dim = q.shape
     attn = (q * scale) @ k.transpose(-2, -1) + bias
-    if mask is not None:  # [B, nW, heads, N, N] + [nW, 1, N, N]
-        nw = windows_per_image or mask.shape[0]
-        full = mask.new_zeros(nw, n, n)
-        full[nw - mask.shape[0]:] = mask
-        attn = attn.view(bw // nw, nw, heads, n, n) + full.unsqueeze(1).to(attn.dtype)
+    if mask is not None:  # [B, nW, heads, N, N] + [B or 1, nW, 1, N, N]
+        nw = windows_per_image or mask.shape[-3]
+        mask = mask if mask.dim() == 4 else mask.unsqueeze(0)
+        full = mask.new_zeros(mask.shape[0], nw, n, n)
+        full[:, nw - mask.shape[1]:] = mask
+        attn = attn.view(bw // nw, nw, heads, n, n) + full.unsqueeze(2).to(attn.dtype)
         attn = attn.view(bw, heads, n, n)
     attn = attn.softmax(dim=-1)
     if dropout_p > 0:
@@ -116,12 +126,13 @@ class _RecomputedWindowAttention(torch.autograd.Function):
         grad_out = grad_out.reshape(bw, n, heads, head_dim).transpose(1, 2)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dbias = torch.zeros(heads, n, n, device=q.device)
-        for lo in range(0, bw, nw):  # one image at a time bounds the recomputed matrices
+        for image, lo in enumerate(range(0, bw, nw)):  # per image bounds the matrices
             hi = lo + nw
             qi, ki, vi, gi = q[lo:hi], k[lo:hi], v[lo:hi], grad_out[lo:hi]
             logits = (qi @ ki.transpose(-2, -1)) * scale + bias
             if mask is not None:
-                logits[nw - mask.shape[0]:] += mask.unsqueeze(1).to(logits.dtype)
+                m = mask[image] if mask.dim() == 4 else mask
+                logits[nw - m.shape[0]:] += m.unsqueeze(1).to(logits.dtype)
             p = logits.softmax(dim=-1)
             dv[lo:hi] = p.transpose(-2, -1) @ gi
             dp = gi @ vi.transpose(-2, -1)

@@ -29,7 +29,7 @@ class WindowPlan(NamedTuple):
     scatter: Tensor  # [H * W] long
     needs_pad_row: bool  # gather refers to the appended zero row
     num_windows: int  # nW per image
-    mask: Optional[Tensor]  # [nW_masked, N, N] for the last nW_masked windows, or None
+    mask: Optional[Tensor]  # [nM, N, N] (or [B, nM, N, N] per image) for the last nM windows
 
 
 def window_plan(hw: Tuple[int, int], window_size, shift_size=(0, 0),
@@ -41,7 +41,9 @@ def window_plan(hw: Tuple[int, int], window_size, shift_size=(0, 0),
         hw: (H, W) of the unpadded map.
         window_size: M or (Mh, Mw).
         shift_size: cyclic shift (sh, sw), each in [0, M).
-        valid_hw: tokens outside this top-left region are masked as keys (None: no padding mask).
+        valid_hw: tokens outside this top-left region are masked as keys: one (h, w) for all
+            images, a tuple of (h, w) per image (the mask is then [B, nM, N, N], nM counting
+            the windows masked for any image), or None (no padding mask).
     """
     window = to_window_tuple(window_size)
     h, w = hw
@@ -56,14 +58,21 @@ def window_plan(hw: Tuple[int, int], window_size, shift_size=(0, 0),
     windows, _ = window_partition(source[None, :, :, None], window)  # [nW, N, 1]
     windows = windows[..., 0]
 
-    full_mask = window_attention_mask((hp, wp), window, shift, valid_hw, device, dtype)
-    if full_mask is None:
+    per_image = valid_hw is not None and not isinstance(valid_hw[0], int)
+    masks = [window_attention_mask((hp, wp), window, shift, v, device, dtype)
+             for v in (valid_hw if per_image else [valid_hw])]
+    if all(m is None for m in masks):
         order = torch.arange(windows.shape[0], device=device)
         mask = None
     else:
-        masked = (full_mask != 0).flatten(1).any(1)
+        n = window[0] * window[1]
+        full = torch.stack([torch.zeros(windows.shape[0], n, n, device=device, dtype=dtype)
+                            if m is None else m for m in masks])  # [B or 1, nW, N, N]
+        masked = (full != 0).flatten(2).any(2).any(0)
         order = torch.cat([torch.nonzero(~masked)[:, 0], torch.nonzero(masked)[:, 0]])
-        mask = full_mask[masked].contiguous() if masked.any() else None
+        mask = full[:, masked].contiguous() if masked.any() else None
+        if mask is not None and not per_image:
+            mask = mask[0]
     gather = windows[order].reshape(-1)
     real = gather < h * w
     scatter = torch.empty(h * w, dtype=torch.long, device=device)
@@ -73,7 +82,7 @@ def window_plan(hw: Tuple[int, int], window_size, shift_size=(0, 0),
 
 @lru_cache(maxsize=64)
 def cached_window_plan(hw: Tuple[int, int], window_size: Tuple[int, int],
-                       shift_size: Tuple[int, int], valid_hw: Optional[Tuple[int, int]],
+                       shift_size: Tuple[int, int], valid_hw: Optional[tuple],
                        device: torch.device, dtype: torch.dtype) -> WindowPlan:
     """:func:`window_plan` in a bounded LRU cache; arguments must be hashable.
 
