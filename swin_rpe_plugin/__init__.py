@@ -1,7 +1,8 @@
 """Swin Transformer with 2D relative position bias, as an OpenMMLab backbone plugin."""
 from .version import __version__
-from .registry import MODELS
-from .models import SwinTransformer  # noqa: E402  (registers the backbone)
+from .registry import HOOKS, MODELS
+from .models import (PaddingAwareHook, SwinTransformer,  # noqa: E402  (registers them)
+                     enable_padding_aware)
 from .checkpoint import allow_mmengine_checkpoints
 
 # mmengine Runner checkpoints (numpy values in meta, HistoryBuffer in message_hub) under
@@ -9,4 +10,5 @@ from .checkpoint import allow_mmengine_checkpoints
 # `--resume` work without turning checkpoint safety off (see checkpoint/compat.py).
 allow_mmengine_checkpoints()
 
-__all__ = ['__version__', 'MODELS', 'SwinTransformer']
+__all__ = ['__version__', 'HOOKS', 'MODELS', 'PaddingAwareHook', 'SwinTransformer',
+           'enable_padding_aware']
