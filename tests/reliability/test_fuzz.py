@@ -29,6 +29,16 @@ CASES = int(os.environ.get('SWIN_RPE_FUZZ_CASES', '200'))
 PATCH = 4
 
 
+@pytest.fixture(scope='module', autouse=True)
+def one_thread():
+    """Many tiny ops at ever-new shapes: on a busy 2-core machine OpenMP's two threads wait
+    on each other for most of the time (a case took seconds instead of tens of ms)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # ---- brute-force references -------------------------------------------------------------
 
 _INDEX_CACHE = {}
