@@ -113,10 +113,11 @@ class WindowMSA(nn.Module):
         """[heads, N, N] bias gathered from the table.
 
         Reused across forwards while the table is unchanged and no gradient is needed
-        (inference); recomputed whenever autograd must see the gather.
+        (inference); recomputed whenever autograd must see the gather, and under
+        torch.compile (which fuses the gather instead).
         """
         table = self.relative_position_bias_table
-        if torch.is_grad_enabled() and table.requires_grad:
+        if (torch.is_grad_enabled() and table.requires_grad) or torch.compiler.is_compiling():
             return gather_relative_position_bias(table, self.relative_position_index)
         key = (table._version, table.data_ptr(), table.dtype, table.device)
         if self._bias_cache is None or self._bias_cache[0] != key:

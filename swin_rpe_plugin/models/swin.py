@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
-from mmengine.model import BaseModule, ModuleList
+from mmengine.model import BaseModule
 from mmengine.model.weight_init import constant_init, trunc_normal_, trunc_normal_init
 from torch import Tensor
 
@@ -35,7 +35,7 @@ class SwinBlockSequence(nn.Module):
         super().__init__()
         self.window_size = to_window_tuple(window_size)
         self.mask_padding = mask_padding
-        self.blocks = ModuleList([
+        self.blocks = nn.ModuleList([
             SwinBlock(embed_dims, num_heads, feedforward_channels, self.window_size,
                       shift=i % 2 == 1, drop_path_rate=drop_path_rate[i], **block_kwargs)
             for i in range(depth)])
@@ -140,7 +140,7 @@ class SwinTransformer(BaseModule):
         self.drop_after_pos = nn.Dropout(p=drop_rate)
 
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, sum(depths))]
-        self.stages = ModuleList()
+        self.stages = nn.ModuleList()
         channels = embed_dims
         for i in range(num_layers):
             downsample = None

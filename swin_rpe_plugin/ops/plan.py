@@ -80,6 +80,7 @@ def window_plan(hw: Tuple[int, int], window_size, shift_size=(0, 0),
     return WindowPlan(gather, scatter, bool((~real).any()), windows.shape[0], mask)
 
 
+@torch.compiler.disable  # data-dependent (nonzero): built eagerly, once per size, then cached
 @lru_cache(maxsize=64)
 def cached_window_plan(hw: Tuple[int, int], window_size: Tuple[int, int],
                        shift_size: Tuple[int, int], valid_hw: Optional[tuple],
