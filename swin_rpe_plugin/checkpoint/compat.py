@@ -65,8 +65,10 @@ def allow_mmengine_checkpoints() -> bool:
 
 
 def safe_torch_load(path: str) -> Any:
-    """``torch.load(weights_only=True)`` on CPU with the mmengine allow-list in scope."""
-    if HAS_SAFE_GLOBALS:
-        with torch.serialization.safe_globals(mmengine_safe_globals()):
-            return torch.load(path, map_location='cpu', weights_only=True)
+    """``torch.load(weights_only=True)`` on CPU with the mmengine allow-list registered.
+
+    Registered process-wide (idempotent), not through the ``safe_globals`` context manager,
+    whose exit would remove the entries that ``allow_mmengine_checkpoints()`` had added before.
+    """
+    allow_mmengine_checkpoints()
     return torch.load(path, map_location='cpu', weights_only=True)

@@ -90,7 +90,10 @@ def read_checkpoint(path: str, allow_pickle: bool = False) -> dict:
         return safe_torch_load(path)
     except pickle.UnpicklingError as err:
         reason = _weights_unpickler_reason(err)
-        if allow_pickle or 'Unsupported global' not in reason:
+        # torch words a refused global "Unsupported global" or, for modules it blocks outright
+        # (os/posix, subprocess, ...), "unsupported GLOBAL ... is blocked": both are code.
+        unsafe = 'unsupported global' in reason.lower() or 'is blocked' in reason
+        if allow_pickle or not unsafe:
             raise ValueError(f'{path!r} is not a readable checkpoint (corrupt, truncated or not '
                              f'a torch file): {reason}') from err
         raise UnsafeCheckpointError(

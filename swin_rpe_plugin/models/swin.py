@@ -115,10 +115,14 @@ class SwinTransformer(BaseModule):
         # Base class first, so nothing set below is overwritten by it.
         super().__init__(init_cfg=init_cfg)
 
-        depths, num_heads, strides = tuple(depths), tuple(num_heads), tuple(strides)
-        out_indices = tuple(out_indices)
+        depths, num_heads, strides, out_indices = (
+            _as_tuple(v, name) for v, name in ((depths, 'depths'), (num_heads, 'num_heads'),
+                                               (strides, 'strides'),
+                                               (out_indices, 'out_indices')))
         _check_arguments(in_channels, embed_dims, patch_size, depths, num_heads, strides,
-                         out_indices, frozen_stages)
+                         out_indices, frozen_stages, mlp_ratio,
+                         dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                              drop_path_rate=drop_path_rate))
         num_layers = len(depths)
         patch = to_window_tuple(patch_size, 'patch_size')
         self.pretrain_img_size = to_window_tuple(pretrain_img_size, 'pretrain_img_size')
@@ -237,6 +241,12 @@ class SwinTransformer(BaseModule):
         if x.shape[1] != self.in_channels:
             raise ValueError(f'input has {x.shape[1]} channels but in_channels='
                              f'{self.in_channels} (input shape {tuple(x.shape)})')
+        if x.numel() == 0:
+            raise ValueError(f'input {tuple(x.shape)} is empty: batch, height and width must be '
+                             '>= 1')
+        if not x.is_floating_point():
+            raise TypeError(f'input must be a floating-point tensor, got {x.dtype} (convert and '
+                            'normalise images first, as the data preprocessor does)')
         valid = _parse_valid_sizes(valid_sizes, x.shape)
         if valid is not None:  # the batch's pad value need not be 0: zero padding pixels
             x = x * _region_mask(valid, x.shape[2:], x).view(x.shape[0], 1, *x.shape[2:])
@@ -275,6 +285,13 @@ class SwinTransformer(BaseModule):
         return grid.flatten(2).transpose(1, 2)
 
 
+def _as_tuple(value, name: str) -> tuple:
+    try:
+        return tuple(value)
+    except TypeError:
+        raise TypeError(f'{name} must be a sequence, got {value!r}') from None
+
+
 def _parse_valid_sizes(valid_sizes, shape) -> Optional[Tuple[Tuple[int, int], ...]]:
     """Validate per-image (h, w) pixel sizes against an input of ``shape`` [B, C, H, W]."""
     if valid_sizes is None:
@@ -310,11 +327,21 @@ def _region_mask(valid, hw, like: Tensor) -> Tensor:
 
 
 def _check_arguments(in_channels, embed_dims, patch_size, depths, num_heads, strides,
-                     out_indices, frozen_stages) -> None:
+                     out_indices, frozen_stages, mlp_ratio, rates) -> None:
     if not isinstance(in_channels, int) or in_channels < 1:
         raise ValueError(f'in_channels must be a positive int, got {in_channels!r}')
     if not isinstance(embed_dims, int) or embed_dims < 1:
         raise ValueError(f'embed_dims must be a positive int, got {embed_dims!r}')
+    if not isinstance(mlp_ratio, (int, float)) or mlp_ratio <= 0:
+        raise ValueError(f'mlp_ratio must be a positive number, got {mlp_ratio!r}')
+    for name, rate in rates.items():
+        if not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+            raise ValueError(f'{name} must be in [0, 1), got {rate!r}')
+    for name, seq in (('depths', depths), ('num_heads', num_heads), ('strides', strides)):
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in seq):
+            raise TypeError(f'{name} must be a sequence of ints, got {seq!r}')
+    if min(strides) < 1:
+        raise ValueError(f'strides {strides} must all be >= 1')
     if len(depths) != len(num_heads):
         raise ValueError(f'depths {depths} and num_heads {num_heads} must have the same length')
     if len(strides) != len(depths):

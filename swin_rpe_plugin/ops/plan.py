@@ -80,13 +80,22 @@ def window_plan(hw: Tuple[int, int], window_size, shift_size=(0, 0),
     return WindowPlan(gather, scatter, bool((~real).any()), windows.shape[0], mask)
 
 
-@torch.compiler.disable  # data-dependent (nonzero): built eagerly, once per size, then cached
 @lru_cache(maxsize=64)
+def _cached_plan(*args) -> WindowPlan:
+    return window_plan(*args)
+
+
+@torch.compiler.disable  # data-dependent (nonzero): built eagerly, once per size, then cached
 def cached_window_plan(hw: Tuple[int, int], window_size: Tuple[int, int],
                        shift_size: Tuple[int, int], valid_hw: Optional[tuple],
                        device: torch.device, dtype: torch.dtype) -> WindowPlan:
-    """:func:`window_plan` in a bounded LRU cache; arguments must be hashable.
+    """:func:`window_plan` in a bounded LRU cache (64 entries); arguments must be hashable.
 
     The returned tensors are shared between callers: never modify them in place.
+    ``cache_info()`` and ``cache_clear()`` are those of the LRU cache.
     """
-    return window_plan(hw, window_size, shift_size, valid_hw, device, dtype)
+    return _cached_plan(hw, window_size, shift_size, valid_hw, device, dtype)
+
+
+cached_window_plan.cache_info = _cached_plan.cache_info
+cached_window_plan.cache_clear = _cached_plan.cache_clear

@@ -52,7 +52,12 @@ def runner_checkpoint(tmp_path_factory):
 
 def test_runner_checkpoint_holds_objects_torch_refuses_by_default(runner_checkpoint):
     path, _ = runner_checkpoint
-    unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    registered = torch.serialization.get_safe_globals()  # importing the package adds ours
+    torch.serialization.clear_safe_globals()
+    try:
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    finally:
+        torch.serialization.add_safe_globals(registered)
     assert 'mmengine.logging.history_buffer.HistoryBuffer' in unsafe
     assert any(name.startswith('numpy') for name in unsafe)
 
