@@ -1,0 +1,47 @@
+"""Hooks the resume and distributed tests load into tools/train.py through ``custom_imports``
+(tests/reliability is put on PYTHONPATH): one kills the process, one records what each rank saw.
+"""
+import json
+import os
+import signal
+
+import torch
+from mmengine.dist import get_rank
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
+
+
+@HOOKS.register_module()
+class KillAfterIteration(Hook):
+    """SIGKILL this process right after (1-based) iteration ``iteration`` has updated the weights.
+
+    Priority LOWEST: runs after CheckpointHook (VERY_LOW), so a checkpoint due at this iteration
+    is written first; no checkpoint being due, the iteration's work is lost, as in a real kill.
+    """
+    priority = 'LOWEST'
+
+    def __init__(self, iteration: int):
+        self.iteration = iteration
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        if runner.iter + 1 == self.iteration:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@HOOKS.register_module()
+class RecordRank(Hook):
+    """Write every rank's losses (``losses_rank{r}.jsonl``) and final weights
+    (``weights_rank{r}.pth``) to the work dir: mmengine logs and saves rank 0 only."""
+    priority = 'LOWEST'
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        record = {'iter': runner.iter + 1}
+        record.update({k: float(v) for k, v in (outputs or {}).items()})
+        path = os.path.join(runner.work_dir, f'losses_rank{get_rank()}.jsonl')
+        with open(path, 'a') as f:
+            f.write(json.dumps(record) + '\n')
+
+    def after_train(self, runner):
+        model = runner.model.module if hasattr(runner.model, 'module') else runner.model
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
+                   os.path.join(runner.work_dir, f'weights_rank{get_rank()}.pth'))
