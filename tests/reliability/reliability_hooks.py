@@ -31,8 +31,12 @@ class KillAfterIteration(Hook):
 @HOOKS.register_module()
 class RecordRank(Hook):
     """Write every rank's losses (``losses_rank{r}.jsonl``) and final weights
-    (``weights_rank{r}.pth``) to the work dir: mmengine logs and saves rank 0 only."""
+    (``weights_rank{r}.pth``, and ``weights_init_rank{r}.pth`` before the first iteration) to
+    the work dir: mmengine logs and saves rank 0 only."""
     priority = 'LOWEST'
+
+    def before_train(self, runner):
+        self._save(runner, 'weights_init')
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
         record = {'iter': runner.iter + 1}
@@ -42,6 +46,10 @@ class RecordRank(Hook):
             f.write(json.dumps(record) + '\n')
 
     def after_train(self, runner):
+        self._save(runner, 'weights')
+
+    @staticmethod
+    def _save(runner, name):
         model = runner.model.module if hasattr(runner.model, 'module') else runner.model
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
-                   os.path.join(runner.work_dir, f'weights_rank{get_rank()}.pth'))
+                   os.path.join(runner.work_dir, f'{name}_rank{get_rank()}.pth'))
