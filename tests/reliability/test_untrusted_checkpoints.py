@@ -59,8 +59,9 @@ def write(path, obj, container):
 
 CONTAINERS = ['zip', 'legacy', 'raw-pickle']
 BLOCKED = ('torch names os.system "unsupported GLOBAL posix.system whose module posix is '
-           'blocked", which checkpoint/loader.py reports as a corrupt file (ValueError), not as '
-           'UnsafeCheckpointError')
+           'blocked" with no "WeightsUnpickler error:" line, so loader.py\'s reason is the first '
+           'line ("Weights only load failed...") and the file is called corrupt (ValueError), '
+           'not UnsafeCheckpointError: test the whole message, not the reason')
 
 
 def evil_checkpoint(tmp_path, payload, container):
@@ -135,8 +136,7 @@ def runner(work_dir, max_iters, **kwargs):
 def test_payload_nested_in_a_runner_checkpoint_is_refused_by_the_runner(tmp_path, resume):
     allow_mmengine_checkpoints()
     runner(tmp_path / 'straight', 1).train()
-    # A file this test wrote itself; read_checkpoint here would drop the allow-list (see below).
-    ckpt = torch.load(str(tmp_path / 'straight' / 'iter_1.pth'), weights_only=False)
+    ckpt = read_checkpoint(str(tmp_path / 'straight' / 'iter_1.pth'))
     assert 'message_hub' in ckpt and 'optimizer' in ckpt
     target = tmp_path / 'written'
     ckpt['message_hub']['runtime_info']['note'] = ShellPayload(target)
@@ -154,12 +154,9 @@ def test_payload_nested_in_a_runner_checkpoint_is_refused_by_the_runner(tmp_path
     assert clean.iter == 2
 
 
-CLOBBER = ('checkpoint/compat.py safe_torch_load uses torch.serialization.safe_globals, whose '
-           'exit removes its entries from the process-wide list even when '
-           'allow_mmengine_checkpoints() had registered them before')
+# torch.serialization.safe_globals' exit removes its entries from the process-wide list even
+# when allow_mmengine_checkpoints() had registered them before (fixed in a6c99fb).
 
-
-@pytest.mark.xfail(strict=True, reason=CLOBBER)
 def test_reading_a_checkpoint_keeps_the_process_wide_allow_list(tmp_path):
     from mmengine.logging import HistoryBuffer
     allow_mmengine_checkpoints()
@@ -170,9 +167,9 @@ def test_reading_a_checkpoint_keeps_the_process_wide_allow_list(tmp_path):
     assert HistoryBuffer in torch.serialization.get_safe_globals()
 
 
-@pytest.mark.xfail(strict=True, reason=CLOBBER + ': so resuming a model whose backbone has '
-                   'init_cfg Pretrained (init_weights runs before resume) fails')
 def test_resume_with_a_pretrained_backbone(tmp_path):
+    """init_weights (reading the backbone checkpoint) runs before resume: the Runner checkpoint
+    must still be readable afterwards."""
     allow_mmengine_checkpoints()  # as tools/train.py does
     backbone = str(tmp_path / 'backbone.pth')
     torch.save({'state_dict': SwinTransformer(**TINY).state_dict()}, backbone)
