@@ -16,7 +16,7 @@ from mmcv.cnn.bricks.transformer import build_dropout
 from torch import Tensor
 
 from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias, gather_tokens,
-                   linear_with_recomputed_input, relative_position_index, table_rows,
+                   linear, linear_with_recomputed_input, relative_position_index, table_rows,
                    to_window_tuple, window_attention)
 
 HW = Tuple[int, int]
@@ -84,7 +84,7 @@ class PatchMerging(nn.Module):
             x = F.unfold(x, kernel_size=2, stride=s).transpose(1, 2)
         if self.norm is not None:
             x = self.norm(x)
-        return self.reduction(x), (hh, ww)
+        return linear(x, self.reduction.weight), (hh, ww)
 
 
 class WindowMSA(nn.Module):
@@ -143,7 +143,7 @@ class WindowMSA(nn.Module):
         out = window_attention(q, k, v, self.relative_position_bias(), mask, self.scale,
                                self.attn_drop_rate if self.training else 0.0,
                                fused=self.fused_attention, windows_per_image=windows_per_image)
-        return self.proj_drop(self.proj(out))
+        return self.proj_drop(linear(out, self.proj.weight, self.proj.bias))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # mmdet/mmseg/official checkpoints save the index; ours is rebuilt from the window.
@@ -230,6 +230,9 @@ class FFN(nn.Module):
         """x: [B, L, C] (norm input when norm is given); identity: the residual."""
         (fc1, act, drop1), fc2, drop2 = self.layers
         norm = norm if norm is not None else nn.Identity()
+        if not torch.is_grad_enabled() and _is_exact_gelu(act):  # inference: GELU fused
+            hidden = linear(norm(x), fc1.weight, fc1.bias, gelu=True)
+            return identity + self.dropout_layer(linear(hidden, fc2.weight, fc2.bias))
         hidden = linear_with_recomputed_input(x, norm, list(norm.parameters()), fc1.weight,
                                               fc1.bias)
         if self.ffn_drop == 0:
@@ -238,6 +241,10 @@ class FFN(nn.Module):
         else:
             out = drop2(fc2(drop1(act(hidden))))
         return identity + self.dropout_layer(out)
+
+
+def _is_exact_gelu(act: nn.Module) -> bool:
+    return type(act) is nn.GELU and act.approximate == 'none'
 
 
 class SwinBlock(nn.Module):

@@ -3,6 +3,7 @@ from .attention import window_attention
 from .masks import (MASK_VALUE, padding_key_mask,
                     shift_attention_mask, shift_region_labels, window_attention_mask)
 from .plan import WindowPlan, cached_window_plan, window_plan
+from .linear import linear, onednn_available
 from .recompute import linear_with_recomputed_input
 from .relative_position import (gather_relative_position_bias, relative_position_index,
                                 resize_relative_position_bias_table,
@@ -12,7 +13,7 @@ from .windows import (gather_tokens, pad_to_window, padded_size, window_partitio
 
 __all__ = [
     'MASK_VALUE', 'WindowPlan', 'cached_window_plan', 'gather_relative_position_bias',
-    'gather_tokens', 'linear_with_recomputed_input', 'window_plan',
+    'gather_tokens', 'linear', 'linear_with_recomputed_input', 'onednn_available', 'window_plan',
     'pad_to_window', 'padded_size', 'padding_key_mask', 'relative_position_index',
     'resize_relative_position_bias_table',
     'shift_attention_mask', 'shift_region_labels', 'table_rows', 'to_window_tuple',

@@ -11,8 +11,9 @@ Imports torch only.
 from typing import Callable, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from .linear import linear
 
 __all__ = ['linear_with_recomputed_input']
 
@@ -26,7 +27,7 @@ class _LinearRecomputedInput(torch.autograd.Function):
         ctx.has_bias = bias is not None
         ctx.save_for_backward(x, weight, *prefix_params)
         with torch.no_grad():
-            return F.linear(prefix(x), weight, bias)
+            return linear(prefix(x), weight, bias)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
@@ -40,7 +41,8 @@ class _LinearRecomputedInput(torch.autograd.Function):
             grad_weight = grad_flat.t() @ y.detach().reshape(-1, y.shape[-1])
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad_flat.sum(0)
-        grad_y = grad_out @ weight
+        with torch.no_grad():
+            grad_y = linear(grad_out, weight.t())
         wanted = [t for t, need in zip([x_, *prefix_params],
                                        [ctx.needs_input_grad[0], *ctx.needs_input_grad[5:]])
                   if need]
@@ -53,7 +55,7 @@ class _LinearRecomputedInput(torch.autograd.Function):
 def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
                                  prefix_params: Sequence[Tensor], weight: Tensor,
                                  bias: Optional[Tensor]) -> Tensor:
-    """``F.linear(prefix(x), weight, bias)``, keeping x instead of prefix(x) for backward.
+    """``linear(prefix(x), weight, bias)``, keeping x instead of prefix(x) for backward.
 
     Args:
         x: input of the prefix, [..., C_in'] (kept for backward).
@@ -70,6 +72,6 @@ def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
     # Under autocast the plain path keeps autocast's dtype rules (no saving there); tracers
     # (FLOP counters) see plain ops.
     if not needs_grad or torch.is_autocast_enabled(x.device.type) or torch.jit.is_tracing():
-        return F.linear(prefix(x), weight, bias)
+        return linear(prefix(x), weight, bias)
     return _LinearRecomputedInput.apply(x, weight, bias, prefix, len(prefix_params),
                                         *prefix_params)
