@@ -71,7 +71,7 @@ val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json',
                      metric=['bbox', 'segm'])
 test_evaluator = val_evaluator
 
-max_iters = 600
+max_iters = 800
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters,
                  val_interval=max_iters)
 val_cfg = dict(type='ValLoop')

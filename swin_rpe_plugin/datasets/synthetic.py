@@ -25,6 +25,8 @@ SHAPES: Tuple[str, ...] = ('circle', 'square', 'triangle', 'star')
 SEG_CLASSES: Tuple[str, ...] = ('background',) + SHAPES
 SEG_PALETTE: List[List[int]] = [[0, 0, 0], [220, 20, 60], [0, 128, 255], [60, 180, 75],
                                 [255, 200, 0]]
+# BGR base colour of each shape class in the semantic set (``class_colors=True``).
+CLASS_COLORS = np.array([[60, 20, 220], [255, 128, 0], [75, 180, 60], [0, 200, 255]])
 SPLITS = {'train': 0, 'val': 1}
 ADE_SPLITS = {'train': 'training', 'val': 'validation'}
 
@@ -48,17 +50,24 @@ def shape_polygon(kind: str, center: Tuple[float, float], radius: float,
     return np.stack([center[0] + r * np.cos(t), center[1] + r * np.sin(t)], axis=1)
 
 
-def draw_sample(rng: np.random.Generator, size: Tuple[int, int],
-                max_shapes: int = 4) -> Tuple[np.ndarray, List[Tuple[int, np.ndarray]]]:
-    """One BGR image [H, W, 3] uint8 and its shapes as (class index, polygon [N, 2])."""
+def draw_sample(rng: np.random.Generator, size: Tuple[int, int], max_shapes: int = 4,
+                class_colors: bool = False, radius: Tuple[float, float] = (0.09, 0.22)) -> Tuple[np.ndarray, List[Tuple[int, np.ndarray]]]:
+    """One BGR image [H, W, 3] uint8 and its shapes as (class index, polygon [N, 2]).
+
+    ``class_colors``: each class is drawn in its own colour (``CLASS_COLORS`` +- 30), on a
+    background at least 100 away from all of them, so colour as well as shape tells classes
+    apart; otherwise colours are random and only the shape does.
+    """
     h, w = size
     background = rng.integers(0, 256, 3)
+    while class_colors and np.abs(CLASS_COLORS - background).sum(1).min() < 100:
+        background = rng.integers(0, 256, 3)
     img = np.empty((h, w, 3), np.float32)
     img[:] = background
     img += rng.normal(0, 6, (h, w, 3))
     shapes: List[Tuple[int, np.ndarray]] = []
     placed: List[Tuple[float, float, float]] = []
-    lo, hi = 0.09 * min(h, w), 0.22 * min(h, w)
+    lo, hi = radius[0] * min(h, w), radius[1] * min(h, w)
     for _ in range(int(rng.integers(1, max_shapes + 1))):
         for _attempt in range(20):  # rejection sampling keeps shapes apart (no occlusion)
             r = rng.uniform(lo, hi)
@@ -68,7 +77,10 @@ def draw_sample(rng: np.random.Generator, size: Tuple[int, int],
         else:
             continue
         label = int(rng.integers(len(SHAPES)))
-        color = (background + rng.integers(70, 186, 3)) % 256  # always far from the background
+        if class_colors:
+            color = np.clip(CLASS_COLORS[label] + rng.integers(-30, 31, 3), 0, 255)
+        else:
+            color = (background + rng.integers(70, 186, 3)) % 256  # far from the background
         poly = shape_polygon(SHAPES[label], (cx, cy), r, rng.uniform(0, 2 * np.pi))
         cv2.fillPoly(img, [np.round(poly * 16).astype(np.int32)], color.tolist(),
                      lineType=cv2.LINE_AA, shift=4)
@@ -136,8 +148,11 @@ def write_ade(root: str, num_images: Dict[str, int], seed: int = 0,
         os.makedirs(img_dir, exist_ok=True)
         os.makedirs(ann_dir, exist_ok=True)
         for index in tqdm(range(count), desc=f'ade {split}', disable=not progress):
-            # Another stream than the COCO set (seed + 1): the two sets are independent.
-            img, shapes = draw_sample(_rng(seed + 1, split, index), size)
+            # Another stream than the COCO set (seed + 1): the two sets are independent. Shapes
+            # are colour-coded by class: learning shape identity per pixel from scratch takes
+            # longer than the demo's CPU minutes (the COCO set keeps random colours).
+            img, shapes = draw_sample(_rng(seed + 1, split, index), size, max_shapes=6,
+                                      class_colors=True, radius=(0.1, 0.28))
             cv2.imwrite(os.path.join(img_dir, f'{index:06d}.jpg'), img,
                         [cv2.IMWRITE_JPEG_QUALITY, 95])
             cv2.imwrite(os.path.join(ann_dir, f'{index:06d}.png'), label_map(shapes, size))
