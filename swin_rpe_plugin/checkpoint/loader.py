@@ -92,7 +92,8 @@ def read_checkpoint(path: str, allow_pickle: bool = False) -> dict:
         reason = _weights_unpickler_reason(err)
         # torch words a refused global "Unsupported global" or, for modules it blocks outright
         # (os/posix, subprocess, ...), "unsupported GLOBAL ... is blocked": both are code.
-        unsafe = 'unsupported global' in reason.lower() or 'is blocked' in reason
+        text = str(err).lower()
+        unsafe = 'unsupported global' in text or 'is blocked' in text
         if allow_pickle or not unsafe:
             raise ValueError(f'{path!r} is not a readable checkpoint (corrupt, truncated or not '
                              f'a torch file): {reason}') from err
@@ -113,6 +114,9 @@ def _weights_unpickler_reason(err: Exception) -> str:
         if 'WeightsUnpickler error:' in line:
             rest = line.split('WeightsUnpickler error:', 1)[1].strip()
             return rest or (lines[i + 1] if i + 1 < len(lines) else line)
+    for line in lines:  # modules torch blocks outright (os, posix, ...) are named on their own line
+        if 'unsupported global' in line.lower():
+            return line
     return lines[0] if lines else type(err).__name__
 
 

@@ -58,11 +58,6 @@ def write(path, obj, container):
 
 
 CONTAINERS = ['zip', 'legacy', 'raw-pickle']
-BLOCKED = ('torch names os.system "unsupported GLOBAL posix.system whose module posix is '
-           'blocked" with no "WeightsUnpickler error:" line, so loader.py\'s reason is the first '
-           'line ("Weights only load failed...") and the file is called corrupt (ValueError), '
-           'not UnsafeCheckpointError: test the whole message, not the reason')
-
 
 def evil_checkpoint(tmp_path, payload, container):
     target = tmp_path / 'written'
@@ -88,9 +83,7 @@ def test_payload_never_runs(tmp_path, container, payload):
 @pytest.mark.parametrize('container', CONTAINERS)
 @pytest.mark.parametrize('payload', [
     'exec', 'os.system'])
-def test_payload_is_reported_as_unsafe_with_the_opt_in(request, tmp_path, container, payload):
-    if payload == 'os.system' and container != 'raw-pickle':  # torch words these differently
-        request.applymarker(pytest.mark.xfail(strict=True, reason=BLOCKED))
+def test_payload_is_reported_as_unsafe_with_the_opt_in(tmp_path, container, payload):
     path, target = evil_checkpoint(tmp_path, payload, container)
     with pytest.raises(UnsafeCheckpointError, match=r'refused to load .*evil\.pth.*allow_pickle'):
         read_checkpoint(path)
