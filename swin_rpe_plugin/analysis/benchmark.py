@@ -165,6 +165,9 @@ def benchmark_case(arch: str, shape: Tuple[int, int], batch: int, mode: str, rep
     with torch.no_grad():
         diff = max_abs_diff(stock(x), ours(x))
     if compile_model:
+        if mode == 'infer':  # constant weights: inductor prepacks them for oneDNN
+            import torch._inductor.config as inductor_config
+            inductor_config.freezing = True
         ours = torch.compile(ours)
     fns = {'mmdet': step_fn(stock, mode), 'ours': step_fn(ours, mode)}
     ms = time_interleaved(fns, x, repeats, progress=progress)

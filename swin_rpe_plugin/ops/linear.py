@@ -19,13 +19,19 @@ __all__ = ['linear', 'onednn_available']
 
 _OP = getattr(torch.ops.mkldnn, '_linear_pointwise', None) if hasattr(torch.ops, 'mkldnn') \
     else None
+_MKLDNN = torch.backends.mkldnn.is_available()
 
 
 def onednn_available(x: Tensor) -> bool:
-    """True when x takes the oneDNN path (CPU float32 with oneDNN built in)."""
+    """True when x takes the oneDNN path (CPU float32 with oneDNN built in).
+
+    Not under torch.compile (inductor picks its own kernels: with
+    ``torch._inductor.config.freezing = True`` oneDNN ones) nor under a tracer.
+    """
+    if torch.compiler.is_compiling():  # checked first: the other checks break dynamo graphs
+        return False
     return (_OP is not None and x.device.type == 'cpu' and x.dtype == torch.float32
-            and torch.backends.mkldnn.is_available() and not torch.jit.is_tracing()
-            and not torch.compiler.is_compiling())
+            and _MKLDNN and not torch.jit.is_tracing())
 
 
 def _onednn(x: Tensor, weight: Tensor, bias: Optional[Tensor], attr: str = 'none') -> Tensor:
