@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from swin_rpe_plugin import SwinTransformer
 from swin_rpe_plugin.checkpoint import load_pretrained
-from tests.conftest import ROOT, SHARED
+from conftest import ROOT, SHARED
 
 FIXTURES = os.path.join(SHARED, 'fixtures')
 

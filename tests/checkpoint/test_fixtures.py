@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from swin_rpe_plugin import SwinTransformer
 from swin_rpe_plugin.checkpoint import convert_checkpoint, load_pretrained
-from tests.conftest import SHARED
+from conftest import SHARED
 
 FIXTURES = os.path.join(SHARED, 'fixtures')
 WEIGHTS = {'timm': '{lib}_{cfg}.safetensors', 'torchvision': '{lib}_{cfg}.safetensors',

@@ -111,7 +111,7 @@ def official_from_timm_fixture():
     of the previous stage, as the fixtures' README and its detection-code check do)."""
     from safetensors.torch import load_file
 
-    from tests.conftest import SHARED
+    from conftest import SHARED
     timm = load_file(os.path.join(SHARED, 'fixtures', 'timm_tiny.safetensors'))
     official = {}
     for key, value in timm.items():

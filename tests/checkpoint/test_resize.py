@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from swin_rpe_plugin import SwinTransformer
 from swin_rpe_plugin.checkpoint import load_pretrained, set_window_size
 from swin_rpe_plugin.ops import relative_position_index
-from tests.conftest import SHARED
+from conftest import SHARED
 
 TIMM_W7 = os.path.join(SHARED, 'fixtures', 'timm_tiny.safetensors')
 TABLE = 'stages.{s}.blocks.{b}.attn.w_msa.relative_position_bias_table'
