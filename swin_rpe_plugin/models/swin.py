@@ -14,13 +14,12 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import constant_init, trunc_normal_, trunc_normal_init
 from torch import Tensor
 
-from ..ops import to_window_tuple
+from ..ops import resize_absolute_pos_embed, to_window_tuple
 from ..registry import MODELS
 from .layers import HW, PatchEmbed, PatchMerging, SwinBlock, WindowMSA
 
@@ -279,10 +278,7 @@ class SwinTransformer(BaseModule):
     def _pos_embed_for(self, hw_shape: HW) -> Tensor:
         if tuple(hw_shape) == self.pos_embed_grid:
             return self.absolute_pos_embed
-        c = self.absolute_pos_embed.shape[-1]
-        grid = self.absolute_pos_embed.reshape(1, *self.pos_embed_grid, c).permute(0, 3, 1, 2)
-        grid = F.interpolate(grid, size=tuple(hw_shape), mode='bicubic', align_corners=False)
-        return grid.flatten(2).transpose(1, 2)
+        return resize_absolute_pos_embed(self.absolute_pos_embed, self.pos_embed_grid, hw_shape)
 
 
 def _as_tuple(value, name: str) -> tuple:

@@ -1,4 +1,5 @@
 """The functional core: plain tensor functions, torch only, no module state."""
+from .absolute_position import resize_absolute_pos_embed
 from .attention import window_attention
 from .masks import (MASK_VALUE, padding_key_mask,
                     shift_attention_mask, shift_region_labels, window_attention_mask)
@@ -15,7 +16,7 @@ __all__ = [
     'MASK_VALUE', 'WindowPlan', 'cached_window_plan', 'gather_relative_position_bias',
     'gather_tokens', 'linear', 'linear_with_recomputed_input', 'onednn_available', 'window_plan',
     'pad_to_window', 'padded_size', 'padding_key_mask', 'relative_position_index',
-    'resize_relative_position_bias_table',
+    'resize_absolute_pos_embed', 'resize_relative_position_bias_table',
     'shift_attention_mask', 'shift_region_labels', 'table_rows', 'to_window_tuple',
     'window_attention', 'window_attention_mask', 'window_partition', 'window_unpartition',
 ]
