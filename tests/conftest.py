@@ -3,6 +3,10 @@ import os
 
 import pytest
 import torch
+from mmengine.model import BaseModel
+from mmengine.runner import Runner
+
+from swin_rpe_plugin import SwinTransformer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.environ.get('SWIN_RPE_SHARED', os.path.join(os.path.dirname(ROOT), 'shared'))
@@ -19,3 +23,35 @@ def reference():
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+class TinyClassifier(BaseModel):
+    """Our backbone + a linear head: the smallest model an mmengine Runner trains and saves."""
+
+    def __init__(self, backbone_cfg: dict):
+        super().__init__()
+        self.backbone = SwinTransformer(**backbone_cfg)
+        self.head = torch.nn.Linear(self.backbone.out_channels[-1], 2)
+
+    def forward(self, inputs, labels=None, mode='tensor'):
+        logits = self.head(self.backbone(inputs)[-1].mean((2, 3)))
+        if mode == 'loss':
+            return {'loss': torch.nn.functional.cross_entropy(logits, labels)}
+        return logits
+
+
+def tiny_runner(work_dir, max_iters: int, backbone_cfg: dict, image_size: int,
+                checkpoint_interval: int, **kwargs) -> Runner:
+    """A Runner on 4 random images that saves real mmengine checkpoints (meta, message hub)."""
+    data = [dict(inputs=torch.randn(3, image_size, image_size), labels=torch.tensor(i % 2))
+            for i in range(4)]
+    return Runner(
+        model=TinyClassifier(backbone_cfg), work_dir=str(work_dir),
+        train_dataloader=dict(dataset=data, batch_size=2, collate_fn=dict(type='default_collate'),
+                              sampler=dict(type='DefaultSampler', shuffle=False)),
+        optim_wrapper=dict(optimizer=dict(type='AdamW', lr=1e-3)),
+        train_cfg=dict(by_epoch=False, max_iters=max_iters),
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=checkpoint_interval,
+                                           by_epoch=False),
+                           logger=dict(type='LoggerHook', interval=1)),
+        randomness=dict(seed=0), **kwargs)

@@ -4,10 +4,9 @@ import os
 
 import pytest
 import torch
-import torch.nn as nn
-from mmengine.model import BaseModel
-from mmengine.runner import Runner, load_checkpoint
+from mmengine.runner import load_checkpoint
 
+from conftest import TinyClassifier, tiny_runner
 from swin_rpe_plugin import SwinTransformer
 from swin_rpe_plugin.checkpoint import (UnsafeCheckpointError, allow_mmengine_checkpoints,
                                         load_pretrained, read_checkpoint)
@@ -16,29 +15,8 @@ TINY = dict(embed_dims=16, depths=(1, 1), num_heads=(1, 2), strides=(4, 2), wind
             out_indices=(0, 1), drop_path_rate=0.0)
 
 
-class TinyClassifier(BaseModel):
-    def __init__(self):
-        super().__init__()
-        self.backbone = SwinTransformer(**TINY)
-        self.head = nn.Linear(32, 2)
-
-    def forward(self, inputs, labels=None, mode='tensor'):
-        logits = self.head(self.backbone(inputs)[-1].mean((2, 3)))
-        if mode == 'loss':
-            return {'loss': nn.functional.cross_entropy(logits, labels)}
-        return logits
-
-
 def runner(work_dir, max_iters, **kwargs):
-    data = [dict(inputs=torch.randn(3, 32, 32), labels=torch.tensor(i % 2)) for i in range(4)]
-    return Runner(
-        model=TinyClassifier(), work_dir=str(work_dir),
-        train_dataloader=dict(dataset=data, batch_size=2, collate_fn=dict(type='default_collate'),
-                              sampler=dict(type='DefaultSampler', shuffle=False)),
-        optim_wrapper=dict(optimizer=dict(type='AdamW', lr=1e-3)),
-        train_cfg=dict(by_epoch=False, max_iters=max_iters),
-        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=2, by_epoch=False)),
-        randomness=dict(seed=0), **kwargs)
+    return tiny_runner(work_dir, max_iters, TINY, 32, 2, **kwargs)
 
 
 @pytest.fixture(scope='module')
@@ -76,7 +54,7 @@ def test_our_loader_reads_runner_checkpoint_safely(runner_checkpoint):
 def test_load_from_and_resume_through_mmengine(runner_checkpoint, tmp_path):
     path, state = runner_checkpoint
     assert allow_mmengine_checkpoints()
-    model = TinyClassifier()
+    model = TinyClassifier(TINY)
     ckpt = load_checkpoint(model, path, map_location='cpu', strict=True)  # load_from
     assert ckpt['meta']['iter'] == 2
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())

@@ -12,10 +12,8 @@ import pickle
 
 import pytest
 import torch
-import torch.nn as nn
-from mmengine.model import BaseModel
-from mmengine.runner import Runner
 
+from conftest import tiny_runner
 from swin_rpe_plugin import SwinTransformer
 from swin_rpe_plugin.checkpoint import (UnsafeCheckpointError, allow_mmengine_checkpoints,
                                         load_pretrained, read_checkpoint)
@@ -99,30 +97,8 @@ def test_pickle_disguised_as_safetensors_is_not_unpickled(tmp_path):
     assert not target.exists()
 
 
-class TinyClassifier(BaseModel):
-    def __init__(self):
-        super().__init__()
-        self.backbone = SwinTransformer(**TINY)
-        self.head = nn.Linear(16, 2)
-
-    def forward(self, inputs, labels=None, mode='tensor'):
-        logits = self.head(self.backbone(inputs)[-1].mean((2, 3)))
-        if mode == 'loss':
-            return {'loss': nn.functional.cross_entropy(logits, labels)}
-        return logits
-
-
 def runner(work_dir, max_iters, **kwargs):
-    data = [dict(inputs=torch.randn(3, 16, 16), labels=torch.tensor(i % 2)) for i in range(4)]
-    return Runner(
-        model=TinyClassifier(), work_dir=str(work_dir),
-        train_dataloader=dict(dataset=data, batch_size=2, collate_fn=dict(type='default_collate'),
-                              sampler=dict(type='DefaultSampler', shuffle=False)),
-        optim_wrapper=dict(optimizer=dict(type='AdamW', lr=1e-3)),
-        train_cfg=dict(by_epoch=False, max_iters=max_iters),
-        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1, by_epoch=False),
-                           logger=dict(type='LoggerHook', interval=1)),
-        randomness=dict(seed=0), **kwargs)
+    return tiny_runner(work_dir, max_iters, TINY, 16, 1, **kwargs)
 
 
 @pytest.mark.parametrize('resume', [False, True], ids=['load_from', 'resume'])
