@@ -1,8 +1,9 @@
 """Swin Transformer with 2D relative position bias, as an OpenMMLab backbone plugin."""
 from .version import __version__
-from .registry import HOOKS, MODELS
+from .registry import HOOKS, MODELS, OPTIM_WRAPPERS
 from .models import (PaddingAwareHook, SwinTransformer,  # noqa: E402  (registers them)
                      enable_padding_aware)
+from .optim import AutocastOptimWrapper  # noqa: E402  (registers it)
 from .checkpoint import allow_mmengine_checkpoints
 
 # mmengine Runner checkpoints (numpy values in meta, HistoryBuffer in message_hub) under
@@ -10,5 +11,5 @@ from .checkpoint import allow_mmengine_checkpoints
 # `--resume` work without turning checkpoint safety off (see checkpoint/compat.py).
 allow_mmengine_checkpoints()
 
-__all__ = ['__version__', 'HOOKS', 'MODELS', 'PaddingAwareHook', 'SwinTransformer',
-           'enable_padding_aware']
+__all__ = ['__version__', 'AutocastOptimWrapper', 'HOOKS', 'MODELS', 'OPTIM_WRAPPERS',
+           'PaddingAwareHook', 'SwinTransformer', 'enable_padding_aware']

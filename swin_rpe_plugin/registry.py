@@ -2,14 +2,18 @@
 
 This is the only glue to the OpenMMLab registries. mmdet's and mmseg's registries are siblings
 under the same roots, so both build ``dict(type='swin_rpe_plugin.SwinTransformer')`` (and
-``custom_hooks=[dict(type='swin_rpe_plugin.PaddingAwareHook')]``) once this package is imported
-(``custom_imports=dict(imports=['swin_rpe_plugin'])``).
+``custom_hooks=[dict(type='swin_rpe_plugin.PaddingAwareHook')]``,
+``optim_wrapper=dict(type='swin_rpe_plugin.AutocastOptimWrapper')``) once this package is
+imported (``custom_imports=dict(imports=['swin_rpe_plugin'])``).
 """
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.registry import MODELS as MMENGINE_MODELS
+from mmengine.registry import OPTIM_WRAPPERS as MMENGINE_OPTIM_WRAPPERS
 from mmengine.registry import Registry
 
 MODELS = Registry('model', parent=MMENGINE_MODELS, scope='swin_rpe_plugin',
                   locations=['swin_rpe_plugin.models'])
 HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='swin_rpe_plugin',
                  locations=['swin_rpe_plugin.models'])
+OPTIM_WRAPPERS = Registry('optim_wrapper', parent=MMENGINE_OPTIM_WRAPPERS,
+                          scope='swin_rpe_plugin', locations=['swin_rpe_plugin.optim'])

@@ -68,16 +68,44 @@ def prepare(config: str, work_dir: Optional[str], cfg_options: Optional[dict],
     return cfg
 
 
+AMP_DTYPES = ('bf16', 'fp16')
+
+
+def use_amp(cfg: Config, dtype: Optional[str] = None) -> None:
+    """Switch ``cfg.optim_wrapper`` to mixed precision, as ``--amp [--amp-dtype]`` asks.
+
+    CUDA: mmengine's ``AmpOptimWrapper``, fp16 with a dynamic loss scale (bf16 if asked).
+    CPU: ``swin_rpe_plugin.AutocastOptimWrapper``, bf16 autocast, no loss scale needed.
+    Weights, gradients and checkpoints stay float32 either way.
+    """
+    if dtype not in (None,) + AMP_DTYPES:
+        raise UsageError(f'--amp-dtype {dtype!r}: choose one of {AMP_DTYPES}')
+    wrapper = cfg.optim_wrapper
+    if torch.cuda.is_available():
+        wrapper.type = 'AmpOptimWrapper'
+        wrapper.dtype = 'bfloat16' if dtype == 'bf16' else 'float16'
+        wrapper.setdefault('loss_scale', 'dynamic')
+        return
+    if dtype == 'fp16':
+        raise UsageError('--amp-dtype fp16 needs CUDA (fp16 trains with a loss scale); on CPU '
+                         'use --amp-dtype bf16 (the default there)')
+    wrapper.type = 'swin_rpe_plugin.AutocastOptimWrapper'
+    wrapper.dtype = 'bfloat16'
+    wrapper.pop('loss_scale', None)
+    if toolkit_of(cfg) == 'mmdet':
+        # mmcv's CPU nms and RoIAlign have no bf16 kernels: the heads stay float32.
+        wrapper.autocast_modules = [m for m in ('backbone', 'neck') if m in cfg.model]
+
+
 def train(config: str, work_dir: Optional[str] = None, cfg_options: Optional[dict] = None,
           resume: Optional[str] = None, amp: bool = False,
-          launcher: str = 'none') -> Runner:
+          launcher: str = 'none', amp_dtype: Optional[str] = None) -> Runner:
     """Train as mmdet's/mmseg's tools/train.py; ``resume`` is 'auto' or a checkpoint path."""
     cfg = prepare(config, work_dir, cfg_options, launcher, 'train')
     if amp:
-        if not torch.cuda.is_available():
-            raise UsageError('--amp needs a CUDA device (mmengine AmpOptimWrapper)')
-        cfg.optim_wrapper.type = 'AmpOptimWrapper'
-        cfg.optim_wrapper.loss_scale = 'dynamic'
+        use_amp(cfg, amp_dtype)
+    elif amp_dtype is not None:
+        raise UsageError('--amp-dtype needs --amp')
     if resume == 'auto':
         cfg.resume, cfg.load_from = True, None
     elif resume is not None:

@@ -4,7 +4,6 @@ Module and parameter names follow mmdet 3.3 / mmseg 1.2 (``patch_embed.projectio
 ``attn.w_msa.relative_position_bias_table``, ``ffn.layers.0.0``, ``downsample.reduction``), so a
 state dict of the stock backbones loads here with ``strict=True``.
 """
-import math
 from typing import Optional, Tuple
 
 import torch
@@ -17,7 +16,8 @@ from torch import Tensor
 
 from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias, gather_tokens,
                    linear, linear_with_recomputed_input, relative_position_index, table_rows,
-                   to_window_tuple, window_attention)
+                   to_window_tuple, traceable_window_plan, window_attention)
+from ..ops.dispatch import is_tracing
 
 HW = Tuple[int, int]
 
@@ -25,18 +25,28 @@ HW = Tuple[int, int]
 def _corner_pad(x: Tensor, kernel: HW, stride: HW) -> Tensor:
     """Pad a [B, C, H, W] map at the bottom/right so every pixel is covered by a kernel.
 
-    Same amounts as mmcv/mmdet ``AdaptivePadding(padding='corner')``.
+    Same amounts as mmcv/mmdet ``AdaptivePadding(padding='corner')``, in integer arithmetic on
+    non-negative sizes (traceable: no float ceil, no branch on sizes under a tracer).
     """
     h, w = x.shape[-2:]
-    pad_h = max((math.ceil(h / stride[0]) - 1) * stride[0] + kernel[0] - h, 0)
-    pad_w = max((math.ceil(w / stride[1]) - 1) * stride[1] + kernel[1] - w, 0)
-    if pad_h or pad_w:
-        x = F.pad(x, (0, pad_w, 0, pad_h))
+    pads = [(size + s - 1) // s * s - s + k - size for size, k, s in zip((h, w), kernel, stride)]
+    pads = [pad if k >= s else max(pad, 0) for pad, k, s in zip(pads, kernel, stride)]
+    if is_tracing(x) or pads[0] or pads[1]:
+        x = F.pad(x, (0, pads[1], 0, pads[0]))
     return x
 
 
 class PatchEmbed(nn.Module):
-    """Non-overlapping patch embedding: corner padding, a strided conv, an optional norm."""
+    """Non-overlapping patch embedding: corner padding, patches as rows, one matmul, a norm.
+
+    The projection is the conv of mmdet's ``PatchEmbed`` (``projection``, [C, C_in, ph, pw]),
+    applied as a reshape plus one float32 matmul, also under autocast: it is ~1% of the FLOPs,
+    and oneDNN's bf16 convolution is wrong on some CPUs. Reproduction (torch 2.13, Intel Xeon
+    with AMX): ``F.conv2d(x.bfloat16(), w.bfloat16(), stride=4)`` for x of 1x3x64x4 (an output
+    one column wide) differs from the float32 conv by ~3 (1.7e35 for some weights, NaN after the
+    backbone) while other widths agree to bf16 rounding; ``torch.backends.mkldnn.enabled = False``
+    makes it right. A reshape and a matmul never reach that kernel.
+    """
 
     def __init__(self, in_channels: int, embed_dims: int, patch_size: HW,
                  norm_cfg: Optional[dict]):
@@ -48,9 +58,16 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: Tensor) -> Tuple[Tensor, HW]:
         """[B, C_in, H, W] -> ([B, ceil(H/p) * ceil(W/p), C], (ceil(H/p), ceil(W/p)))."""
-        x = self.projection(_corner_pad(x, self.patch_size, self.patch_size))
-        hw = (x.shape[2], x.shape[3])
-        x = x.flatten(2).transpose(1, 2)
+        (ph, pw), conv = self.patch_size, self.projection
+        x = _corner_pad(x, self.patch_size, self.patch_size)
+        b, c, h, w = x.shape
+        hw = (h // ph, w // pw)
+        # [B, C_in, H', ph, W', pw] -> [B, H'W', C_in * ph * pw]: the conv weight's order.
+        patches = x.view(b, c, hw[0], ph, hw[1], pw).permute(0, 2, 4, 1, 3, 5)
+        patches = patches.reshape(b, hw[0] * hw[1], c * ph * pw)
+        with torch.autocast(x.device.type, enabled=False):
+            x = linear(patches.float(), conv.weight.flatten(1).float(),
+                       None if conv.bias is None else conv.bias.float()).to(x.dtype)
         if self.norm is not None:
             x = self.norm(x)
         return x, hw
@@ -73,7 +90,7 @@ class PatchMerging(nn.Module):
         s = self.stride
         if s == 2:  # the common case: a reshape gives nn.Unfold's (c, ky, kx) order, no copy loop
             x = x.view(b, h, w, c)
-            if h % 2 or w % 2:
+            if is_tracing(x) or h % 2 or w % 2:
                 x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
             hh, ww = x.shape[1] // 2, x.shape[2] // 2
             x = x.view(b, hh, 2, ww, 2, c).permute(0, 1, 3, 5, 2, 4).reshape(b, hh * ww, 4 * c)
@@ -117,7 +134,7 @@ class WindowMSA(nn.Module):
         torch.compile (which fuses the gather instead).
         """
         table = self.relative_position_bias_table
-        if (torch.is_grad_enabled() and table.requires_grad) or torch.compiler.is_compiling():
+        if (torch.is_grad_enabled() and table.requires_grad) or is_tracing(table):
             return gather_relative_position_bias(table, self.relative_position_index)
         key = (table._version, table.data_ptr(), table.dtype, table.device)
         if self._bias_cache is None or self._bias_cache[0] != key:
@@ -169,10 +186,17 @@ class ShiftWindowMSA(nn.Module):
                                attn_drop_rate, proj_drop_rate, fused_attention)
         self.drop = build_dropout(dropout_layer or dict(type='DropPath', drop_prob=0.))
 
-    def plan(self, hw_shape: HW, valid_hw: Optional[HW], device: torch.device) -> WindowPlan:
-        """The cached window plan of this block's shift for an H x W map."""
+    def plan(self, hw_shape: HW, valid_hw: Optional[HW], like: Tensor) -> WindowPlan:
+        """The window plan of this block's shift for an H x W map of tensors like ``like``.
+
+        Cached per size in eager mode; under tracers and exporters computed from the (symbolic)
+        sizes instead (``traceable_window_plan``), one (h, w) region for every image.
+        """
+        if is_tracing(like):
+            return traceable_window_plan(hw_shape, self.window_size, self.shift_size, valid_hw,
+                                         like.device)
         return cached_window_plan(tuple(hw_shape), self.window_size, self.shift_size,
-                                  None if valid_hw is None else tuple(valid_hw), device,
+                                  None if valid_hw is None else tuple(valid_hw), like.device,
                                   torch.float32)
 
     def forward(self, query: Tensor, hw_shape: HW, plan: Optional[WindowPlan] = None,
@@ -186,10 +210,10 @@ class ShiftWindowMSA(nn.Module):
         """
         b, length, c = query.shape
         h, w = hw_shape
-        if length != h * w:
+        if not is_tracing(query) and length != h * w:
             raise ValueError(f'query has {length} tokens but hw_shape {hw_shape} needs {h * w}')
         if plan is None:
-            plan = self.plan(hw_shape, None, query.device)
+            plan = self.plan(hw_shape, None, query)
         n = self.window_size[0] * self.window_size[1]
 
         def to_windows(t: Tensor) -> Tensor:

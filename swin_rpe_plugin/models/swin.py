@@ -20,6 +20,7 @@ from mmengine.model.weight_init import constant_init, trunc_normal_, trunc_norma
 from torch import Tensor
 
 from ..ops import resize_absolute_pos_embed, to_window_tuple
+from ..ops.dispatch import is_tracing
 from ..registry import MODELS
 from .layers import HW, PatchEmbed, PatchMerging, SwinBlock, WindowMSA
 
@@ -51,7 +52,7 @@ class SwinBlockSequence(nn.Module):
         if valid is None and self.mask_padding:
             valid = tuple(hw_shape)
         # One plan per shift, shared by every block of the stage (cached across forwards).
-        plans = {block.shift_size: block.attn.plan(hw_shape, valid, x.device)
+        plans = {block.shift_size: block.attn.plan(hw_shape, valid, x)
                  for block in self.blocks[:2]}
         for block in self.blocks:
             x = block(x, hw_shape, plans[block.shift_size])
@@ -240,18 +241,22 @@ class SwinTransformer(BaseModule):
         if x.shape[1] != self.in_channels:
             raise ValueError(f'input has {x.shape[1]} channels but in_channels='
                              f'{self.in_channels} (input shape {tuple(x.shape)})')
-        if x.numel() == 0:
+        tracing = is_tracing(x)
+        if not tracing and x.numel() == 0:  # sizes are symbolic under a tracer
             raise ValueError(f'input {tuple(x.shape)} is empty: batch, height and width must be '
                              '>= 1')
         if not x.is_floating_point():
             raise TypeError(f'input must be a floating-point tensor, got {x.dtype} (convert and '
                             'normalise images first, as the data preprocessor does)')
+        if tracing and valid_sizes is not None:
+            raise ValueError('valid_sizes cannot be traced or exported (they are per-image data);'
+                             ' export with mask_padding=True, which masks the window padding')
         valid = _parse_valid_sizes(valid_sizes, x.shape)
         if valid is not None:  # the batch's pad value need not be 0: zero padding pixels
             x = x * _region_mask(valid, x.shape[2:], x).view(x.shape[0], 1, *x.shape[2:])
         x, hw_shape = self.patch_embed(x)
         if self.use_abs_pos_embed:
-            x = x + self._pos_embed_for(hw_shape)
+            x = x + self._pos_embed_for(hw_shape, tracing)
         x = self.drop_after_pos(x)
 
         patch = self.patch_embed.patch_size
@@ -275,8 +280,8 @@ class SwinTransformer(BaseModule):
             hw_shape = next_hw
         return outs
 
-    def _pos_embed_for(self, hw_shape: HW) -> Tensor:
-        if tuple(hw_shape) == self.pos_embed_grid:
+    def _pos_embed_for(self, hw_shape: HW, tracing: bool = False) -> Tensor:
+        if not tracing and tuple(hw_shape) == self.pos_embed_grid:
             return self.absolute_pos_embed
         return resize_absolute_pos_embed(self.absolute_pos_embed, self.pos_embed_grid, hw_shape)
 

@@ -1,5 +1,10 @@
 """Window attention with an additive bias: fused (SDPA) and explicit paths, one signature.
 
+Precision: the bias, the masks and their sum stay float32 (the CPU flash kernel takes a float32
+mask next to bf16 q, k, v; the generic path casts the summed mask to the kernels' dtype only at
+the call), and the softmax statistics are float32 in every path (inside the SDPA kernels; the
+explicit path adds the float32 bias before its softmax, which promotes the logits).
+
 Imports torch only.
 """
 from typing import Optional
@@ -7,6 +12,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .dispatch import compute_dtype, is_tracing, use_cpu_fast_paths
 
 __all__ = ['window_attention']
 
@@ -33,47 +40,93 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
         [B * nW, N, heads * head_dim], the layout the output projection takes.
     """
     bw, heads, n, head_dim = q.shape
+    scale = head_dim ** -0.5 if scale is None else scale
+    if windows_per_image is not None:
+        nw = windows_per_image
+    else:
+        nw = q.shape[0] if mask is None else mask.shape[-3]
+    if not is_tracing(q):  # sizes are symbolic under tracers: no checks that branch on them
+        _check_shapes(q, bias, mask, nw)
+    # torch.export takes the explicit path: it is what ONNX runs anyway (MatMul, Softmax), and
+    # its SDPA decomposition (torch 2.13) gives outputs whose strides do not match their
+    # symbolic sizes, so a later reshape fails to decompose.
+    if not fused or torch.compiler.is_exporting():
+        return _explicit(q, k, v, bias, mask, scale, dropout_p, nw)
+    if not use_cpu_fast_paths(q):
+        return _generic(q, k, v, bias, mask, scale, dropout_p, nw)
+    # The CPU kernels below are called with autocast off (it would cast the float32 mask), so
+    # q, k and v are cast to autocast's dtype here.
+    dtype = compute_dtype(q)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    with torch.autocast('cpu', enabled=False):
+        return _cpu_fused(q, k, v, bias, mask, scale, dropout_p, nw)
+
+
+def _check_shapes(q: Tensor, bias: Tensor, mask: Optional[Tensor], nw: int) -> None:
+    bw, heads, n, _ = q.shape
     if bias.shape != (heads, n, n):
         raise ValueError(f'bias must be [heads={heads}, N={n}, N={n}], got {tuple(bias.shape)}')
-    scale = head_dim ** -0.5 if scale is None else scale
-    if mask is not None:
-        nw = windows_per_image or mask.shape[-3]
-        if (bw % nw or mask.shape[-3] > nw or mask.shape[-2:] != (n, n)
-                or (mask.dim() == 4 and mask.shape[0] != bw // nw)):
-            raise ValueError(f'mask of shape {tuple(mask.shape)} does not fit {bw} windows of '
-                             f'{n} tokens, {nw} per image')
-    if not fused:
-        return _explicit(q, k, v, bias, mask, scale, dropout_p, windows_per_image)
+    if mask is not None and (bw % nw or mask.shape[-3] > nw or mask.shape[-2:] != (n, n)
+                             or (mask.dim() == 4 and mask.shape[0] != bw // nw)):
+        raise ValueError(f'mask of shape {tuple(mask.shape)} does not fit {bw} windows of '
+                         f'{n} tokens, {nw} per image')
+
+
+def _generic(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor], scale: float,
+             dropout_p: float, nw: int) -> Tensor:
+    """One standard SDPA call with bias (+ mask) as attn_mask: every device's own kernels
+    (CUDA: memory-efficient attention, which also differentiates the mask), no Python loop."""
+    bw, heads, n, head_dim = q.shape
+    attn_mask = bias.unsqueeze(0)  # [1, heads, N, N]
+    if mask is not None:  # [B or 1, nW, 1, N, N] + bias, materialised for the 4-D kernels
+        attn_mask = (_every_window(mask, nw, q).unsqueeze(2) + bias)
+        attn_mask = attn_mask.expand(bw // nw, -1, -1, -1, -1).reshape(bw, heads, n, n)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask.to(compute_dtype(q)),
+                                         dropout_p=dropout_p, scale=scale)
+    return out.transpose(1, 2).reshape(bw, n, heads * head_dim)
+
+
+def _every_window(mask: Tensor, nw: int, like: Tensor) -> Tensor:
+    """[B or 1, nW, N, N] from a mask of the last nM windows ([nM, N, N] or [B, nM, N, N])."""
+    full = mask if mask.dim() == 4 else mask.unsqueeze(0)
+    # Unmasked windows come first in plan order: zeros in front of the nM masks (padding by 0
+    # under tracers, whose traceable plans mask every window: no branch on sizes).
+    if is_tracing(like) or full.shape[1] != nw:
+        full = F.pad(full, (0, 0, 0, 0, nw - full.shape[1], 0))
+    return full
+
+
+def _cpu_fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
+               scale: float, dropout_p: float, nw: int) -> Tensor:
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias))
     if needs_grad and dropout_p == 0 and not torch.jit.is_tracing():
         # SDPA's CPU flash kernel has no gradient for the mask, so autograd would fall back
         # to the math path, which keeps every attention matrix for the backward. Ours runs the
         # flash forward and recomputes the attention matrices one image at a time backward.
-        nw = windows_per_image or (q.shape[0] if mask is None else mask.shape[-3])
         return _RecomputedWindowAttention.apply(q, k, v, bias, mask, scale, nw)
-    return _fused(q, k, v, bias, mask, scale, dropout_p, windows_per_image)
+    return _fused(q, k, v, bias, mask, scale, dropout_p, nw)
 
 
 def _fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor], scale: float,
-           dropout_p: float, windows_per_image: Optional[int]) -> Tensor:
+           dropout_p: float, nw: int) -> Tensor:
     bw, heads, n, head_dim = q.shape
     # The CPU flash kernel of SDPA takes 4-D inputs and a 4-D mask that broadcasts over the
     # batch ([1, heads, N, N]) or matches it; other shapes fall back to the slower math path.
     # So unmasked windows run in one call with the broadcast bias, and the masked windows of
     # each image in one call with their [nM, heads, N, N] bias + mask: the combined mask is
     # never materialised for every window of every image.
+    mask_dtype = _mask_dtype(q)
     if mask is None:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(0).to(q.dtype),
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(0).to(mask_dtype),
                                              dropout_p=dropout_p, scale=scale)
         return out.transpose(1, 2).reshape(bw, n, heads * head_dim)
-    nw = windows_per_image or mask.shape[-3]
     nm = mask.shape[-3]
-    plain_bias = bias.unsqueeze(0).to(q.dtype)
-    masked_bias = None if mask.dim() == 4 else _masked_bias(bias, mask, q.dtype)
+    plain_bias = bias.unsqueeze(0).to(mask_dtype)
+    masked_bias = None if mask.dim() == 4 else _masked_bias(bias, mask, mask_dtype)
     parts = []
     for image, start in enumerate(range(0, bw, nw)):
         if mask.dim() == 4:
-            masked_bias = _masked_bias(bias, mask[image], q.dtype)
+            masked_bias = _masked_bias(bias, mask[image], mask_dtype)
         cut = start + nw - nm
         for lo, hi, attn_mask in ((start, cut, plain_bias), (cut, start + nw, masked_bias)):
             if hi > lo:
@@ -83,22 +136,23 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor]
     return torch.cat(parts).reshape(bw, n, heads * head_dim)
 
 
+def _mask_dtype(q: Tensor) -> torch.dtype:
+    """float32 next to bf16/fp16 queries (the CPU flash kernel takes it), else q's dtype."""
+    return torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
+
+
 def _masked_bias(bias: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
     """[nM, heads, N, N] bias + mask of the masked windows of one image."""
-    return (bias.unsqueeze(0) + mask.unsqueeze(1).to(bias.dtype)).to(dtype)
+    return (bias.unsqueeze(0).to(dtype) + mask.unsqueeze(1).to(dtype))
 
 
 def _explicit(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
-              scale: float, dropout_p: float, windows_per_image: Optional[int]) -> Tensor:
+              scale: float, dropout_p: float, nw: int) -> Tensor:
     bw, heads, n, head_dim = q.shape
     attn = (q * scale) @ k.transpose(-2, -1) + bias
     if mask is not None:  # [B, nW, heads, N, N] + [B or 1, nW, 1, N, N]
-        nw = windows_per_image or mask.shape[-3]
-        mask = mask if mask.dim() == 4 else mask.unsqueeze(0)
-        full = mask.new_zeros(mask.shape[0], nw, n, n)
-        full[:, nw - mask.shape[1]:] = mask
-        attn = attn.view(bw // nw, nw, heads, n, n) + full.unsqueeze(2).to(attn.dtype)
-        attn = attn.view(bw, heads, n, n)
+        full = _every_window(mask, nw, q).unsqueeze(2).to(attn.dtype)
+        attn = (attn.view(bw // nw, nw, heads, n, n) + full).view(bw, heads, n, n)
     attn = attn.softmax(dim=-1)
     if dropout_p > 0:
         attn = F.dropout(attn, p=dropout_p)

@@ -4,8 +4,11 @@
 this project's EPYC machine it reaches about 55-110 GFLOP/s per core where oneDNN's matmul
 (``torch.ops.mkldnn._linear_pointwise``, what inductor emits for CPU linears) reaches 200-240 on
 the shapes of a Swin block. The same fp32 products are summed in another order, so results
-agree with ``F.linear`` to float32 rounding. Anything else (GPU, other dtypes, no oneDNN) falls
-back to ``F.linear``.
+agree with ``F.linear`` to float32 rounding. On Intel CPUs MKL is as fast, or faster for some
+shapes: each product shape takes the faster library, measured at first use
+(``dispatch.choose_kernel``). Under bf16 autocast the same op runs on bf16
+operands (what autocast would have chosen: bf16 products, float32 accumulation). Anything else
+(other devices, fp16, no oneDNN, the generic backend of ``dispatch.py``) runs ``F.linear``.
 
 Imports torch only.
 """
@@ -15,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .dispatch import choose_kernel, compute_dtype, use_cpu_fast_paths
+
 __all__ = ['linear', 'onednn_available']
 
 _OP = getattr(torch.ops.mkldnn, '_linear_pointwise', None) if hasattr(torch.ops, 'mkldnn') \
@@ -23,15 +28,14 @@ _MKLDNN = torch.backends.mkldnn.is_available()
 
 
 def onednn_available(x: Tensor) -> bool:
-    """True when x takes the oneDNN path (CPU float32 with oneDNN built in).
+    """True when x takes the oneDNN path: CPU fast paths allowed (``dispatch.py``), oneDNN
+    built in, and products in float32 or bfloat16 (autocast's dtype or x's own).
 
     Not under torch.compile (inductor picks its own kernels: with
     ``torch._inductor.config.freezing = True`` oneDNN ones) nor under a tracer.
     """
-    if torch.compiler.is_compiling():  # checked first: the other checks break dynamo graphs
-        return False
-    return (_OP is not None and x.device.type == 'cpu' and x.dtype == torch.float32
-            and _MKLDNN and not torch.jit.is_tracing())
+    return (_OP is not None and _MKLDNN and use_cpu_fast_paths(x)
+            and compute_dtype(x) in (torch.float32, torch.bfloat16))
 
 
 def _onednn(x: Tensor, weight: Tensor, bias: Optional[Tensor], attr: str = 'none') -> Tensor:
@@ -40,13 +44,33 @@ def _onednn(x: Tensor, weight: Tensor, bias: Optional[Tensor], attr: str = 'none
     return out.view(*shape[:-1], weight.shape[0])
 
 
+def _shape_key(direction: str, x: Tensor, weight: Tensor) -> tuple:
+    """Rows rounded up to a power of two, so a new image size rarely means a new measurement."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    return (direction, 1 << max(rows - 1, 0).bit_length(), weight.shape[1], weight.shape[0],
+            x.dtype)
+
+
+def _product(x: Tensor, weight: Tensor, bias: Optional[Tensor], direction: str) -> Tensor:
+    """x @ weight.T (+ bias) by the faster of oneDNN and MKL for this shape (no autograd)."""
+    def onednn():
+        return _onednn(x, weight, bias)
+
+    def mkl():
+        return F.linear(x, weight, bias)
+
+    kernel = choose_kernel('linear', _shape_key(direction, x, weight),
+                           {'onednn': onednn, 'mkl': mkl})
+    return onednn() if kernel == 'onednn' else mkl()
+
+
 class _Linear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _onednn(x, weight, bias)
+        return _product(x, weight, bias, 'forward')
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -54,7 +78,7 @@ class _Linear(torch.autograd.Function):
         grad_x = grad_w = grad_b = None
         grad2d = grad.reshape(-1, grad.shape[-1])
         if ctx.needs_input_grad[0]:
-            grad_x = _onednn(grad, weight.t(), None)
+            grad_x = _product(grad, weight.t(), None, 'grad_input')
         if ctx.needs_input_grad[1]:
             grad_w = grad2d.t() @ x.reshape(-1, x.shape[-1])
         if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -70,12 +94,18 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         x: [..., C_in]; weight: [C_out, C_in]; bias: [C_out] or None.
         gelu: apply the exact (erf) GELU to the output; fused into the matmul at inference.
     """
-    if not onednn_available(x) or weight.dtype != torch.float32:
+    if not onednn_available(x) or not weight.dtype.is_floating_point:
         out = F.linear(x, weight, bias)
         return F.gelu(out) if gelu else out
+    dtype = compute_dtype(x)
+    # oneDNN ops are outside autocast's reach: cast as autocast would (differentiably).
+    x, weight = x.to(dtype), weight.to(dtype)
+    bias = None if bias is None else bias.to(dtype)
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     if not needs_grad:
-        return _onednn(x, weight, bias, 'gelu' if gelu else 'none')
+        if gelu:  # the fused epilogue is oneDNN's alone
+            return _onednn(x, weight, bias, 'gelu')
+        return _product(x, weight, bias, 'forward')
     out = _Linear.apply(x, weight, bias)
     return F.gelu(out) if gelu else out

@@ -9,6 +9,10 @@ stage. A plan turns each direction into one gather over the token axis:
 Windows are ordered unmasked first, masked last, so the unmasked ones run attention with the
 bias alone and only the few masked ones (last window row and column) need a mask.
 
+:func:`traceable_window_plan` builds the same plan from coordinate arithmetic alone, in plain
+window order with a mask for every window: no data-dependent op, no branch on a size, no cache.
+Tracers and exporters (ONNX, torch.export, torch.compile) take it, so sizes may be symbolic.
+
 Imports torch only.
 """
 from functools import lru_cache
@@ -17,11 +21,11 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masks import window_attention_mask
+from .masks import MASK_VALUE, window_attention_mask
 from .relative_position import to_window_tuple
 from .windows import padded_size, window_partition
 
-__all__ = ['WindowPlan', 'window_plan', 'cached_window_plan']
+__all__ = ['WindowPlan', 'window_plan', 'cached_window_plan', 'traceable_window_plan']
 
 
 class WindowPlan(NamedTuple):
@@ -99,3 +103,59 @@ def cached_window_plan(hw: Tuple[int, int], window_size: Tuple[int, int],
 
 cached_window_plan.cache_info = _cached_plan.cache_info
 cached_window_plan.cache_clear = _cached_plan.cache_clear
+
+
+def traceable_window_plan(hw, window_size: Tuple[int, int], shift_size: Tuple[int, int],
+                          valid_hw=None, device=None,
+                          dtype: torch.dtype = torch.float32) -> WindowPlan:
+    """The plan of :func:`window_plan` from arithmetic on token coordinates.
+
+    Windows stay in row-major order (no masked-last reordering, which needs ``nonzero``), the
+    mask covers every window ([nW, N, N]; None only when nothing can be masked: no shift and
+    no valid_hw), and the gather always may refer to the zero row. All sizes may be symbolic
+    (SymInts under torch.export, traced sizes under torch.jit/ONNX) and only non-negative
+    integers are divided, where floor and truncation agree (ONNX's Div truncates).
+
+    Args:
+        hw: (H, W) of the unpadded map; window_size: (Mh, Mw); shift_size: (sh, sw).
+        valid_hw: one (h, w) region for all images whose outside is masked as keys, or None.
+    """
+    (mh, mw), (sh, sw) = window_size, shift_size
+    h, w = hw
+    hp, wp = (h + mh - 1) // mh * mh, (w + mw - 1) // mw * mw
+    windows_x, n = wp // mw, mh * mw
+    num_windows = (hp // mh) * windows_x
+    # Rolled-map coordinates (y, x) of token t of window i, [nW, N].
+    i = torch.arange(num_windows, device=device)[:, None]
+    t = torch.arange(n, device=device)[None, :]
+    y = (i // windows_x) * mh + t // mw
+    x = _mod(i, windows_x) * mw + t % mw
+    # The padded, unrolled map's coordinates they hold: roll by -shift reads (y + s) mod size.
+    src_y, src_x = _mod(y + sh, hp), _mod(x + sw, wp)
+    gather = torch.where((src_y < h) & (src_x < w), src_y * w + src_x, h * w).reshape(-1)
+    # Position of each map token in window order: the inverse of the above, by arithmetic.
+    token = torch.arange(h * w, device=device)
+    ry, rx = _mod(token // w + hp - sh, hp), _mod(_mod(token, w) + wp - sw, wp)
+    scatter = ((ry // mh) * windows_x + rx // mw) * n + (ry % mh) * mw + rx % mw
+
+    mask = None
+    if (sh, sw) != (0, 0):  # regions of the reference's three slices per axis
+        label_y = (y >= hp - mh).long() + ((y >= hp - sh).long() if sh else 0)
+        label_x = (x >= wp - mw).long() + ((x >= wp - sw).long() if sw else 0)
+        region = label_y * 3 + label_x
+        mask = torch.where(region[:, :, None] != region[:, None, :],
+                           torch.tensor(MASK_VALUE, dtype=dtype, device=device),
+                           torch.tensor(0.0, dtype=dtype, device=device))
+    if valid_hw is not None:
+        invalid_key = (src_y >= valid_hw[0]) | (src_x >= valid_hw[1])  # [nW, N]
+        keys = torch.where(invalid_key[:, None, :],
+                           torch.tensor(MASK_VALUE, dtype=dtype, device=device),
+                           torch.tensor(0.0, dtype=dtype, device=device))
+        mask = keys.expand(-1, n, -1) if mask is None else (mask + keys).clamp(min=MASK_VALUE)
+    return WindowPlan(gather, scatter, True, num_windows, mask)
+
+
+def _mod(a: Tensor, b) -> Tensor:
+    """a mod b for a >= 0 and a size b (possibly symbolic), as a - (a // b) * b: the ONNX
+    exporter's remainder takes only constant divisors."""
+    return a - (a // b) * b

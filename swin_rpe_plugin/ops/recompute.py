@@ -6,6 +6,9 @@ for fc1, GELU of fc1's output for fc2. Keeping those inputs costs 6 of the ~16 c
 of activations a block stores; recomputing them costs a few elementwise passes in backward.
 Unlike activation checkpointing, the GEMM itself is never recomputed.
 
+Under autocast the product runs in autocast's dtype and the prefix is recomputed in backward
+under the same autocast state as in forward, so both passes see the same numbers.
+
 Imports torch only.
 """
 from typing import Callable, Optional, Sequence
@@ -25,6 +28,9 @@ class _LinearRecomputedInput(torch.autograd.Function):
                 num_prefix_params: int, *prefix_params: Tensor) -> Tensor:
         ctx.prefix, ctx.num_prefix_params = prefix, num_prefix_params
         ctx.has_bias = bias is not None
+        device = x.device.type
+        ctx.autocast = (device, torch.get_autocast_dtype(device),
+                        torch.is_autocast_enabled(device))
         ctx.save_for_backward(x, weight, *prefix_params)
         with torch.no_grad():
             return linear(prefix(x), weight, bias)
@@ -32,17 +38,20 @@ class _LinearRecomputedInput(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         x, weight, *prefix_params = ctx.saved_tensors
-        with torch.enable_grad():
+        device, dtype, enabled = ctx.autocast
+        with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
             x_ = x.detach().requires_grad_(ctx.needs_input_grad[0])
             y = ctx.prefix(x_)
+        product_dtype = grad_out.dtype  # the forward product's dtype
         grad_flat = grad_out.reshape(-1, grad_out.shape[-1])
         grad_weight = grad_bias = None
         if ctx.needs_input_grad[1]:
-            grad_weight = grad_flat.t() @ y.detach().reshape(-1, y.shape[-1])
+            y_flat = y.detach().reshape(-1, y.shape[-1]).to(product_dtype)
+            grad_weight = (grad_flat.t() @ y_flat).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = grad_flat.sum(0)
+            grad_bias = grad_flat.float().sum(0).to(weight.dtype)
         with torch.no_grad():
-            grad_y = linear(grad_out, weight.t())
+            grad_y = linear(grad_out, weight.t().to(product_dtype)).to(y.dtype)
         wanted = [t for t, need in zip([x_, *prefix_params],
                                        [ctx.needs_input_grad[0], *ctx.needs_input_grad[5:]])
                   if need]
@@ -69,9 +78,8 @@ def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
     """
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or any(p.requires_grad for p in prefix_params))
-    # Under autocast the plain path keeps autocast's dtype rules (no saving there); tracers
-    # (FLOP counters) see plain ops.
-    if not needs_grad or torch.is_autocast_enabled(x.device.type) or torch.jit.is_tracing():
+    # Tracers (FLOP counters, exporters) see plain ops.
+    if not needs_grad or torch.jit.is_tracing():
         return linear(prefix(x), weight, bias)
     return _LinearRecomputedInput.apply(x, weight, bias, prefix, len(prefix_params),
                                         *prefix_params)

@@ -19,7 +19,8 @@ def padded_size(hw: Tuple[int, int], window_size) -> Tuple[int, int]:
     """(H, W) rounded up to multiples of the window (Mh, Mw)."""
     mh, mw = to_window_tuple(window_size)
     h, w = hw
-    return -(-h // mh) * mh, -(-w // mw) * mw
+    # Not -(-h // m) * m: traced into ONNX, Div truncates and the ceiling becomes a floor.
+    return (h + mh - 1) // mh * mh, (w + mw - 1) // mw * mw
 
 
 def pad_to_window(x: Tensor, window_size) -> Tuple[Tensor, Tuple[int, int]]:

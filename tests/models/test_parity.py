@@ -89,3 +89,44 @@ def test_ours_shapes_are_ceil_divisions():
         assert o.shape == (2, 96 * 2**i, h, w)
         h, w = -(-h // 2), -(-w // 2)
     assert model.out_channels == [96, 192, 384, 768] and model.out_strides == [4, 8, 16, 32]
+
+
+@pytest.mark.parametrize('train', [False, True], ids=['eval', 'train'])
+@pytest.mark.parametrize('hw', [(224, 224), (97, 131)])
+def test_mmdet_parity_on_the_generic_path(hw, train):
+    """The path CUDA and other devices take (F.linear, one SDPA call with bias + mask)."""
+    from swin_rpe_plugin.ops.dispatch import force_backend
+    stock = stock_swin('mmdet')
+    ours = ours_from(stock)
+    with force_backend('generic'):
+        assert_same(stock, ours, hw, train)
+
+
+def test_generic_and_cpu_paths_agree_with_padding_masks_and_valid_sizes():
+    """No stock model masks padding: the two paths of ours check each other here."""
+    from swin_rpe_plugin.ops.dispatch import force_backend
+    ours = ours_from(stock_swin('mmdet'), mask_padding=True).train()
+    x = torch.randn(2, 3, 97, 131)
+    results = []
+    for backend in ('auto', 'generic'):
+        ours.zero_grad()
+        with force_backend(backend):
+            outs = ours(x, valid_sizes=[(97, 131), (61, 77)])
+            sum(o.square().mean() for o in outs).backward()
+        results.append((outs, {n: p.grad.clone() for n, p in ours.named_parameters()}))
+    (outs_a, grads_a), (outs_b, grads_b) = results
+    for a, b in zip(outs_a, outs_b):
+        assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+    for name in grads_a:
+        assert torch.allclose(grads_a[name], grads_b[name], atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.parametrize('train', [False, True], ids=['eval', 'train'])
+@pytest.mark.parametrize('kernel', ['onednn', 'mkl'])
+def test_mmdet_parity_with_each_linear_kernel(kernel, train):
+    """Each library the per-shape measurement may choose, forced for every product."""
+    from swin_rpe_plugin.ops.dispatch import force_kernel
+    stock = stock_swin('mmdet')
+    ours = ours_from(stock)
+    with force_kernel('linear', kernel):
+        assert_same(stock, ours, (97, 131), train)

@@ -1,0 +1,97 @@
+"""The generic (device-neutral) path against the CPU fast path and a loop reference.
+
+The generic path is what CUDA and every other device run; forcing it on CPU tests it here.
+"""
+import pytest
+import torch
+
+from swin_rpe_plugin.ops import linear, shift_attention_mask, window_attention
+from swin_rpe_plugin.ops.dispatch import backend, force_backend, use_cpu_fast_paths
+
+
+
+def test_force_backend_switches_and_restores(monkeypatch):
+    x = torch.zeros(1)
+    monkeypatch.delenv('SWIN_RPE_BACKEND', raising=False)
+    assert backend() == 'auto' and use_cpu_fast_paths(x)
+    with force_backend('generic'):
+        assert backend() == 'generic' and not use_cpu_fast_paths(x)
+    assert use_cpu_fast_paths(x)
+    monkeypatch.setenv('SWIN_RPE_BACKEND', 'generic')
+    assert not use_cpu_fast_paths(x)
+    monkeypatch.setenv('SWIN_RPE_BACKEND', 'cuda-please')
+    with pytest.raises(ValueError, match='SWIN_RPE_BACKEND'):
+        backend()
+    with pytest.raises(ValueError, match='backend must be one of'):
+        with force_backend('fast'):
+            pass
+
+
+def _masks(nw, n):
+    shift = shift_attention_mask((14, 14), 7, 3)  # [4, 49, 49]
+    per_image = torch.stack([shift[1:], shift[1:].flip(0)])  # [B=2, nM=3, N, N]
+    return {'none': None, 'all': shift, 'last3': shift[1:], 'per_image': per_image}
+
+
+@pytest.mark.parametrize('which', ['none', 'all', 'last3', 'per_image'])
+def test_generic_attention_values_and_gradients_match_the_loop_reference(which):
+    b, nw, heads, n, hd = 2, 4, 3, 49, 8
+    mask = _masks(nw, n)[which]
+    q, k, v = (torch.randn(b * nw, heads, n, hd, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    bias = torch.randn(heads, n, n, dtype=torch.float64, requires_grad=True)
+    if mask is None:
+        full = None
+    else:
+        m = mask.double() if mask.dim() == 4 else mask.double().expand(b, -1, -1, -1)
+        full = torch.cat([torch.zeros(b, nw - m.shape[1], n, n, dtype=torch.float64), m], 1)
+        full = full.reshape(b * nw, n, n)
+    ref = loop_reference(q, k, v, bias, full).double()
+    weight = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad((ref * weight).sum(), (q, k, v, bias))
+    with force_backend('generic'):
+        out = window_attention(q, k, v, bias, None if mask is None else mask.double(),
+                               windows_per_image=nw)
+    assert torch.allclose(out, ref, atol=1e-10)
+    grads = torch.autograd.grad((out * weight).sum(), (q, k, v, bias))
+    for name, got, expected in zip('q k v bias'.split(), grads, ref_grads):
+        assert torch.allclose(got, expected, atol=1e-9), name
+
+
+def loop_reference(q, k, v, bias, full_mask):
+    """One window at a time, the plain formula; full_mask [B * nW, N, N] or None."""
+    bw, heads, n, hd = q.shape
+    outs = []
+    for i in range(bw):
+        logits = q[i] @ k[i].transpose(-1, -2) * hd ** -0.5 + bias
+        if full_mask is not None:
+            logits = logits + full_mask[i]
+        outs.append((logits.softmax(-1) @ v[i]).transpose(0, 1).reshape(n, heads * hd))
+    return torch.stack(outs)
+
+
+def test_generic_linear_is_plain_f_linear():
+    x, w, b = torch.randn(3, 5, 8), torch.randn(6, 8), torch.randn(6)
+    with force_backend('generic'):
+        out = linear(x, w, b, gelu=True)
+    assert torch.equal(out, torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b)))
+
+
+def test_kernel_choice_is_measured_once_per_shape_and_can_be_forced(monkeypatch):
+    from swin_rpe_plugin.ops.dispatch import choose_kernel, force_kernel, kernel_choices
+    calls = []
+    candidates = {'onednn': lambda: calls.append('onednn'), 'mkl': lambda: calls.append('mkl')}
+    monkeypatch.delenv('SWIN_RPE_LINEAR', raising=False)
+    key = ('test', object())  # a key no real product uses
+    first = choose_kernel('linear', key, candidates)
+    assert first in ('onednn', 'mkl') and sorted(calls) == ['mkl', 'mkl', 'onednn', 'onednn']
+    assert kernel_choices()[('linear', ) + key] == first
+    calls.clear()
+    assert choose_kernel('linear', key, candidates) == first and calls == []  # cached
+    with force_kernel('linear', 'mkl'):
+        assert choose_kernel('linear', key, candidates) == 'mkl'
+    monkeypatch.setenv('SWIN_RPE_LINEAR', 'onednn')
+    assert choose_kernel('linear', key, candidates) == 'onednn'
+    monkeypatch.setenv('SWIN_RPE_LINEAR', 'blas')
+    with pytest.raises(ValueError, match="SWIN_RPE_LINEAR='blas' is not one of"):
+        choose_kernel('linear', key, candidates)
