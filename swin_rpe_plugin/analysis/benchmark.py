@@ -89,8 +89,9 @@ def max_rel_err(a: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> float
 
 
 def time_interleaved(fns: Dict[str, callable], x: torch.Tensor, repeats: int,
-                     warmup: int = 1, progress=None) -> Dict[str, float]:
-    """Median milliseconds per call of each function, calls interleaved round-robin."""
+                     warmup: int = 1, progress=None):
+    """Median milliseconds per call of each function, calls interleaved round-robin; and
+    every timing (for the spread)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn(x)
@@ -102,7 +103,7 @@ def time_interleaved(fns: Dict[str, callable], x: torch.Tensor, repeats: int,
             times[name].append((time.perf_counter() - t0) * 1e3)
         if progress is not None:
             progress.update(1)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return {name: statistics.median(ts) for name, ts in times.items()}, times
 
 
 def sgemm_gflops(n: int = 2048, repeats: int = 5, dtype: str = 'fp32') -> float:
@@ -246,11 +247,13 @@ def benchmark_case(arch: str, shape: Tuple[int, int], batch: int, mode: str, rep
             inductor_config.freezing = True
         ours = torch.compile(ours)
     fns = {'mmdet': step_fn(stock, mode, dtype), 'ours': step_fn(ours, mode, dtype)}
-    ms = time_interleaved(fns, x, repeats, progress=progress)
+    ms, all_ms = time_interleaved(fns, x, repeats, progress=progress)
     gflops = backbone_gflops(stock, shape, batch) * (3 if mode == 'train' else 1)
     record = dict(arch=arch, shape=list(shape), batch=batch,
                   mode=mode + ('+compile' if compile_model else ''), dtype=dtype,
                   ours_ms=ms['ours'], mmdet_ms=ms['mmdet'], speedup=ms['mmdet'] / ms['ours'],
+                  ours_spread_ms=max(all_ms['ours']) - min(all_ms['ours']),
+                  mmdet_spread_ms=max(all_ms['mmdet']) - min(all_ms['mmdet']),
                   max_abs_diff=diff, rel_err_vs_fp32=rel_err,
                   gflops=gflops, ours_gflops_per_s=gflops / ms['ours'] * 1e3,
                   roofline_fraction=gflops / ms['ours'] * 1e3 / sgemm, **ours_kwargs)

@@ -178,21 +178,25 @@ class _RecomputedWindowAttention(torch.autograd.Function):
         scale, nw = ctx.scale, ctx.nw
         bw, heads, n, head_dim = q.shape
         grad_out = grad_out.reshape(bw, n, heads, head_dim).transpose(1, 2)
+        # With q pre-scaled, dk = ds^T (q s) needs no scaling and dq = (ds k) s is scaled once.
+        q = q * scale
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dbias = torch.zeros(heads, n, n, device=q.device)
         for image, lo in enumerate(range(0, bw, nw)):  # per image bounds the matrices
             hi = lo + nw
             qi, ki, vi, gi = q[lo:hi], k[lo:hi], v[lo:hi], grad_out[lo:hi]
-            logits = (qi @ ki.transpose(-2, -1)) * scale + bias
+            logits = torch.matmul(qi, ki.transpose(-2, -1)).add_(bias)
             if mask is not None:
                 m = mask[image] if mask.dim() == 4 else mask
                 logits[nw - m.shape[0]:] += m.unsqueeze(1).to(logits.dtype)
             p = logits.softmax(dim=-1)
-            dv[lo:hi] = p.transpose(-2, -1) @ gi
-            dp = gi @ vi.transpose(-2, -1)
-            ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+            del logits
+            torch.matmul(p.transpose(-2, -1), gi, out=dv[lo:hi])
+            ds = torch.matmul(gi, vi.transpose(-2, -1))  # dp, turned into ds in place
+            ds.sub_((ds * p).sum(-1, keepdim=True)).mul_(p)
             dbias += ds.sum(0)
-            dq[lo:hi] = (ds @ ki) * scale
-            dk[lo:hi] = (ds.transpose(-2, -1) @ qi) * scale
+            torch.matmul(ds, ki, out=dq[lo:hi])
+            torch.matmul(ds.transpose(-2, -1), qi, out=dk[lo:hi])
+        dq.mul_(scale)
         grads = (g.to(dt) for g, dt in zip((dq, dk, dv, dbias), dtypes))
         return (*grads, None, None, None)

@@ -1,0 +1,165 @@
+"""Export to ONNX with dynamic batch, height and width, and check the file against PyTorch.
+
+The backbone exports shape-generically because the core computes window plans, padding and
+masks from symbolic sizes under a tracer (``ops/plan.py``'s ``traceable_window_plan``, the
+explicit attention path), so one file runs at any input size. This module only chooses what to
+export and how to verify it:
+
+- ``backbone``: the backbone's feature maps;
+- ``neck``: backbone + neck (``extract_feat``: FPN levels for mmdet, the decode head's input
+  for mmseg);
+- ``model``: the whole model in tensor mode, the heads' raw outputs. mmseg segmentors: the
+  decode head's logits (1/4 of the input size; resizing and argmax are post-processing).
+  mmdet single-stage detectors: every level's class scores and box deltas (decoding and NMS
+  are post-processing). Two-stage detectors (Mask R-CNN, Cascade): backbone, neck and the RPN
+  head's raw outputs; their RoI heads take proposals selected by NMS, a data-dependent step that
+  deployments run in the runtime's own NMS (mmdeploy) and is not exported here.
+
+Heads with adaptive pooling to more than one cell (UperNet's pyramid pooling module: 1, 2, 3
+and 6 cells) have no ONNX form at a dynamic height and width: ONNX has no adaptive pooling, and
+both exporters need the input size to turn it into fixed kernels. Such models export with
+``dynamic_hw=False`` (dynamic batch, the export size fixed); their backbone exports dynamically.
+"""
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+PARTS = ('backbone', 'neck', 'model')
+EXPORTERS = ('dynamo', 'classic')
+
+
+def _flatten(value) -> List[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _flatten(v)]
+    if isinstance(value, dict):
+        return [t for k in sorted(value) for t in _flatten(value[k])]
+    raise TypeError(f'cannot export an output of type {type(value).__name__}')
+
+
+class ExportPart(nn.Module):
+    """Image batch -> tuple of tensors: the part of ``model`` that ``part`` names."""
+
+    def __init__(self, model: nn.Module, part: str):
+        super().__init__()
+        if part not in PARTS:
+            raise ValueError(f'part must be one of {PARTS}, got {part!r}')
+        if part != 'backbone' and not hasattr(model, 'extract_feat'):
+            raise ValueError(f'--part {part} needs a detector or segmentor (a model with '
+                             'extract_feat); this model is a bare backbone: use --part backbone')
+        self.model, self.part = model, part
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        model = self.model
+        if self.part == 'backbone':
+            backbone = getattr(model, 'backbone', model)
+            return tuple(_flatten(backbone(x)))
+        feats = model.extract_feat(x)
+        if self.part == 'neck':
+            return tuple(_flatten(feats))
+        if hasattr(model, 'decode_head'):  # mmseg EncoderDecoder
+            return (model.decode_head.forward(feats), )
+        if hasattr(model, 'bbox_head'):  # mmdet single-stage
+            return tuple(_flatten(model.bbox_head.forward(feats)))
+        if hasattr(model, 'rpn_head'):  # mmdet two-stage: up to the RPN's raw outputs
+            return tuple(_flatten(feats)) + tuple(_flatten(model.rpn_head.forward(feats)))
+        raise ValueError(f'--part model: no known head on {type(model).__name__}; export '
+                         '--part neck instead')
+
+    def fixed_size_reason(self) -> Optional[str]:
+        """Why this part cannot have a dynamic height and width, or None."""
+        if self.part != 'model':
+            return None
+        for name, module in self.model.named_modules():
+            if isinstance(module, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
+                cells = module.output_size
+                cells = (cells, cells) if isinstance(cells, int) else tuple(cells)
+                if cells != (1, 1):
+                    return (f'{name} pools adaptively to {cells} cells, which ONNX cannot '
+                            'express for a dynamic input size')
+        return None
+
+    def output_names(self, example: torch.Tensor) -> List[str]:
+        with torch.no_grad():
+            count = len(self(example))
+        prefix = {'backbone': 'feat', 'neck': 'neck', 'model': 'out'}[self.part]
+        return [f'{prefix}{i}' for i in range(count)]
+
+
+def build_export_part(config: str, part: str, checkpoint: Optional[str] = None,
+                      cfg_options: Optional[dict] = None) -> ExportPart:
+    """Build the model of an mmdet/mmseg config on CPU in eval mode, weights as built unless
+    ``checkpoint`` is given (no ``init_cfg`` file is read)."""
+    from mmengine.registry import init_default_scope
+
+    from ..engine.config import adapt_to_device, load_config, toolkit_of
+    cfg = load_config(config, cfg_options)
+    toolkit = toolkit_of(cfg)
+    adapt_to_device(cfg)  # SyncBN -> BN on CPU
+    init_default_scope(toolkit)
+    if toolkit == 'mmdet':
+        from mmdet.registry import MODELS
+    else:
+        from mmseg.registry import MODELS
+    model = MODELS.build(cfg.model)
+    if checkpoint is not None:
+        from ..checkpoint import load_pretrained
+        load_pretrained(model, checkpoint)
+    return ExportPart(model.eval(), part).eval()
+
+
+def export_onnx(module: nn.Module, example: torch.Tensor, path: str, exporter: str = 'dynamo',
+                opset: int = 18, output_names: Optional[Sequence[str]] = None,
+                dynamic_hw: bool = True) -> None:
+    """Export ``module`` (image batch -> tensors) with a dynamic batch and, if ``dynamic_hw``,
+    dynamic height and width."""
+    if exporter not in EXPORTERS:
+        raise ValueError(f'exporter must be one of {EXPORTERS}, got {exporter!r}')
+    module.eval()
+    with torch.no_grad():
+        outs = module(example)
+    names = list(output_names or [f'out{i}' for i in range(len(outs))])
+    if exporter == 'dynamo':
+        batch = torch.export.Dim('batch', min=1, max=4096)
+        height = torch.export.Dim('height', min=1, max=16384)
+        width = torch.export.Dim('width', min=1, max=16384)
+        dims = {0: batch, 2: height, 3: width} if dynamic_hw else {0: batch}
+        torch.onnx.export(module, (example, ), path, dynamo=True, opset_version=opset,
+                          input_names=['input'], output_names=names,
+                          dynamic_shapes={'x': dims}, verbose=False)
+    else:
+        axes: Dict[str, Dict[int, str]] = {
+            'input': {0: 'batch', 2: 'height', 3: 'width'} if dynamic_hw else {0: 'batch'}}
+        for name, out in zip(names, outs):
+            axes[name] = {d: f'{name}_dim{d}' for d in range(out.dim())
+                          if d == 0 or (dynamic_hw and d != 1)}
+        torch.onnx.export(module, (example, ), path, dynamo=False, opset_version=opset,
+                          input_names=['input'], output_names=names, dynamic_axes=axes)
+
+
+def onnxruntime_session(path: str, threads: Optional[int] = None):
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
+
+
+def verify_onnx(path: str, module: nn.Module, inputs: Sequence[torch.Tensor],
+                session=None) -> List[Dict]:
+    """Run the file in ONNX Runtime on each input; per input, the max abs diff per output."""
+    session = session or onnxruntime_session(path)
+    name = session.get_inputs()[0].name
+    results = []
+    for x in inputs:
+        with torch.no_grad():
+            expected = module(x)
+        got = session.run(None, {name: x.numpy()})
+        if len(got) != len(expected):
+            raise RuntimeError(f'{path}: {len(got)} outputs, PyTorch gives {len(expected)}')
+        diffs = [float((torch.from_numpy(g) - e).abs().max()) if g.shape == tuple(e.shape)
+                 else float('inf') for g, e in zip(got, expected)]
+        results.append(dict(shape=list(x.shape), max_abs_diff=diffs))
+    return results
