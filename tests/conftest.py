@@ -55,3 +55,13 @@ def tiny_runner(work_dir, max_iters: int, backbone_cfg: dict, image_size: int,
                                            by_epoch=False),
                            logger=dict(type='LoggerHook', interval=1)),
         randomness=dict(seed=0), **kwargs)
+
+
+def short(iters, warmup=2, batch=4):
+    """Config options for a short run of a synthetic config: warm-up then linear decay, no
+    validation, log every 2 iterations, one checkpoint at the end."""
+    return {'train_cfg.max_iters': iters, 'param_scheduler.0.end': warmup,
+            'param_scheduler.1.begin': warmup, 'param_scheduler.1.end': iters,
+            'default_hooks.checkpoint.interval': iters, 'default_hooks.logger.interval': 2,
+            'train_dataloader.batch_size': batch, 'val_cfg': None, 'val_dataloader': None,
+            'val_evaluator': None}

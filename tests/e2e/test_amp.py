@@ -6,25 +6,17 @@ import sys
 import pytest
 import torch
 
+from conftest import ROOT, short
 from swin_rpe_plugin.datasets import make_synthetic_data
 from swin_rpe_plugin.engine import UsageError, load_config
 from swin_rpe_plugin.engine.demo import options_argv, read_scalars, synthetic_options
 from swin_rpe_plugin.engine.run import use_amp
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = {
     'mmseg': os.path.join(ROOT, 'configs/synthetic/upernet_swin-rpe-tiny_shapes-128x128.py'),
     'mmdet': os.path.join(ROOT, 'configs/synthetic/mask-rcnn_swin-rpe-tiny_fpn_shapes.py'),
 }
 ITERS = 16
-
-
-def short(iters, warmup=2, batch=4):
-    return {'train_cfg.max_iters': iters, 'param_scheduler.0.end': warmup,
-            'param_scheduler.1.begin': warmup, 'param_scheduler.1.end': iters,
-            'default_hooks.checkpoint.interval': iters, 'default_hooks.logger.interval': 2,
-            'train_dataloader.batch_size': batch, 'val_cfg': None, 'val_dataloader': None,
-            'val_evaluator': None}
 
 
 def train(config, work, opts, *extra):
