@@ -9,7 +9,6 @@ of each model in a fresh child process (peak RSS above the pre-step RSS), max_ab
 outputs on the same input, forward(+backward) GFLOPs and the fraction of this machine's sgemm
 throughput that our backbone reaches.
 """
-import argparse
 import json
 import os
 import sys
@@ -18,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from swin_rpe_plugin.cli import ArgumentParser  # noqa: E402
 from swin_rpe_plugin.analysis.benchmark import (ARCHS, benchmark_case,  # noqa: E402
                                                 format_table, sgemm_gflops)
 
@@ -25,7 +25,7 @@ DEFAULT_CASES = [((800, 1216), 1), ((512, 512), 2)]
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p = ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--arch', choices=sorted(ARCHS), default='tiny')
     p.add_argument('--shape', type=int, nargs=2, action='append', metavar=('H', 'W'),
                    help='repeatable; default 800 1216 (batch 1) and 512 512 (batch 2)')

@@ -13,13 +13,14 @@ import os
 
 import torch
 
+from swin_rpe_plugin.cli import ArgumentParser
 from swin_rpe_plugin.analysis import (ARCHS, CONVENTION, attention_table, build_classifier,
                                       build_from_config, config_inputs, count_complexity)
 from swin_rpe_plugin.analysis.models import PUBLISHED, WHOLE_MODEL_NOTE
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p = ArgumentParser(description=__doc__.split('\n')[0])
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument('--feature', nargs=3, type=int, metavar=('H', 'W', 'C'),
                       help='one attention layer on an H x W x C map: global vs window MSA')

@@ -11,11 +11,12 @@ torch.save. Prints the report; exits 2 when SRC is unrecognised, unsafe, unreada
 import argparse
 import sys
 
+from swin_rpe_plugin.cli import ArgumentParser
 from swin_rpe_plugin.checkpoint import FORMATS_BY_NAME, UnsafeCheckpointError, convert_file
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('src', help='source checkpoint (.pth/.pt/.bin/.ckpt or .safetensors)')
     parser.add_argument('dst', help='output file (.pth or .safetensors)')
     parser.add_argument('--window', type=int, nargs='+', metavar='M',

@@ -11,7 +11,6 @@
 4. <out>/metrics.json, <out>/demo.png (loss curves, metrics), a summary table on stdout.
 Logs, checkpoints and pictures are under <out>/det and <out>/seg.
 """
-import argparse
 import json
 import os
 import re
@@ -24,6 +23,7 @@ from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from swin_rpe_plugin.cli import ArgumentParser  # noqa: E402
 from swin_rpe_plugin.datasets import make_synthetic_data  # noqa: E402
 from swin_rpe_plugin.engine.demo import (METRIC_KEYS, loss_curve, options_argv,  # noqa: E402
                                          plot_results, read_scalars, save_initial_checkpoint,
@@ -92,7 +92,7 @@ def run_task(name, init, out, data, threads, position, max_iters=None):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--out', default='work_dirs/demo')
     parser.add_argument('--data', default='data/synthetic')
     parser.add_argument('--num-train', type=int, default=200)

@@ -43,6 +43,7 @@ class LoadReport:
     ignored: List[str] = dataclasses.field(default_factory=list)          # not backbone (source)
     derived: List[str] = dataclasses.field(default_factory=list)          # index/mask buffers
     not_in_format: List[str] = dataclasses.field(default_factory=list)    # output norms kept
+    zero_tables: List[str] = dataclasses.field(default_factory=list)      # all-zero bias tables
 
     def summary(self) -> str:
         lines = [f'format {self.format} ({self.container}): loaded {len(self.loaded)}, '
@@ -56,6 +57,11 @@ class LoadReport:
         lines += [f'  unexpected {k}' for k in self.unexpected]
         lines += [f'  kept at init (no output norms in a {self.format} checkpoint) {k}'
                   for k in self.not_in_format]
+        if self.zero_tables:
+            lines.append(f'  all-zero relative_position_bias_table: {len(self.zero_tables)} '
+                         f'(first: {self.zero_tables[0]}): never initialised or trained '
+                         '(mmdet and mmseg leave the tables at zero), so they add no position '
+                         'bias')
         return '\n'.join(lines)
 
     def details(self) -> str:
@@ -170,6 +176,8 @@ def load_pretrained(model: nn.Module, path: str, strict: bool = True,
                         ignored=conversion.ignored, derived=conversion.derived,
                         unexpected=conversion.unexpected + [k for k in conversion.state
                                                             if k not in own])
+    report.zero_tables = [k for k, v in state.items()
+                          if k.endswith('relative_position_bias_table') and not v.any()]
     missing = [k for k in own if k not in state]
     has_norms = any(_OUTPUT_NORM.match(k) for k in conversion.state)
     report.not_in_format = [k for k in missing if _OUTPUT_NORM.match(k) and not has_norms]
