@@ -83,6 +83,10 @@ def main(argv=None) -> int:
                 measure_memory=not args.no_memory and not compiled, compile_model=compiled,
                 ours_kwargs=kwargs, progress=bar))
     print(format_table(records))
+    flagged = [r for r in records if r.get('flags')]
+    if flagged:  # a roof or a timing taken under load: rerun on an idle machine
+        print(f'{len(flagged)} record(s) flagged (roofline>1 or load average above '
+              f'{args.threads} threads): numbers not trustworthy, rerun when the machine is idle')
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(dict(sgemm_gflops=sgemm, threads=args.threads, records=records), f,

@@ -8,6 +8,7 @@ before the step is what the step itself added on top of weights, input and the i
 """
 import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -104,6 +105,31 @@ def sgemm_gflops(n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
+ROOF_N = 1024  # the roof's product: n x n by n x n, 2 n^3 flops, ~10-40 ms on 2 cores
+
+
+def roof_steps(n: int = ROOF_N) -> Dict[str, callable]:
+    """One n x n product with MKL's sgemm and one with oneDNN's matmul, as timed functions.
+
+    They run interleaved with the models (same rounds, same load), so the roof is the machine's
+    throughput at the time of the measurement: a roof measured once on an idle moment next to
+    models timed on a busy one gave roofline fractions above 1.
+    """
+    from ..ops import linear
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return {'roof_mkl': lambda _x: torch.mm(a, b), 'roof_onednn': lambda _x: linear(a, b)}
+
+
+def record_flags(record: dict, threads: int) -> List[str]:
+    """Why a record should not be trusted: a roofline above 1, or a busy machine."""
+    flags = []
+    if record.get('roofline_fraction', 0) > 1:
+        flags.append('roofline>1')
+    if record.get('load_avg', 0) > threads:
+        flags.append(f'busy(load {record["load_avg"]:.1f}>{threads})')
+    return flags
+
+
 def backbone_gflops(model: torch.nn.Module, shape: Tuple[int, int], batch: int) -> float:
     """Forward GFLOPs (2 x multiply-adds counted by mmengine's FlopAnalyzer on the model)."""
     from mmengine.analysis import FlopAnalyzer
@@ -169,14 +195,19 @@ def benchmark_case(arch: str, shape: Tuple[int, int], batch: int, mode: str, rep
             import torch._inductor.config as inductor_config
             inductor_config.freezing = True
         ours = torch.compile(ours)
-    fns = {'mmdet': step_fn(stock, mode), 'ours': step_fn(ours, mode)}
+    roofs = roof_steps()
+    fns = {'mmdet': step_fn(stock, mode), 'ours': step_fn(ours, mode), **roofs}
     ms = time_interleaved(fns, x, repeats, progress=progress)
+    roof = max(2 * ROOF_N**3 / ms[k] / 1e6 for k in roofs)  # GFLOP/s from median ms
     gflops = backbone_gflops(stock, shape, batch) * (3 if mode == 'train' else 1)
     record = dict(arch=arch, shape=list(shape), batch=batch,
                   mode=mode + ('+compile' if compile_model else ''), ours_ms=ms['ours'],
                   mmdet_ms=ms['mmdet'], speedup=ms['mmdet'] / ms['ours'], max_abs_diff=diff,
                   gflops=gflops, ours_gflops_per_s=gflops / ms['ours'] * 1e3,
-                  roofline_fraction=gflops / ms['ours'] * 1e3 / sgemm, **ours_kwargs)
+                  roof_gflops=roof, roof_at_start_gflops=sgemm,
+                  roofline_fraction=gflops / ms['ours'] * 1e3 / roof,
+                  load_avg=os.getloadavg()[0], **ours_kwargs)
+    record['flags'] = record_flags(record, threads)
     if measure_memory:
         peaks = {w: child_peak_mb(w, arch, shape, batch, mode, threads, ours_kwargs)
                  for w in ('mmdet', 'ours')}
@@ -187,7 +218,7 @@ def benchmark_case(arch: str, shape: Tuple[int, int], batch: int, mode: str, rep
 
 def format_table(records: List[dict]) -> str:
     cols = ['arch', 'shape', 'batch', 'mode', 'mmdet_ms', 'ours_ms', 'speedup', 'mmdet_peak_mb',
-            'ours_peak_mb', 'mem_ratio', 'max_abs_diff', 'gflops', 'roofline_fraction']
+            'ours_peak_mb', 'mem_ratio', 'max_abs_diff', 'gflops', 'roofline_fraction', 'flags']
     rows = [cols]
     for r in records:
         row = []
@@ -195,6 +226,8 @@ def format_table(records: List[dict]) -> str:
             v = r.get(c, '-')
             if c == 'shape':
                 v = 'x'.join(map(str, v))
+            elif c == 'flags':
+                v = ' '.join(v) if isinstance(v, list) and v else '-'
             elif isinstance(v, float):
                 v = f'{v:.2e}' if c == 'max_abs_diff' else f'{v:.2f}'
             row.append(str(v))
