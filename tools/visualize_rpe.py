@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from swin_rpe_plugin.analysis import ARCHS
+from swin_rpe_plugin.cli import ArgumentParser
 from swin_rpe_plugin.analysis import rpe_plots
 from swin_rpe_plugin.checkpoint import UnsafeCheckpointError, load_pretrained
 from swin_rpe_plugin.models import SwinTransformer
@@ -26,7 +27,7 @@ IMAGENET_STD = (58.395, 57.12, 57.375)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p = ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--arch', choices=sorted(ARCHS), default='tiny')
     p.add_argument('--window-size', type=int, nargs='+', default=[7], help='M or Mh Mw')
     p.add_argument('--checkpoint', help='weights (any format the loader reads); none: fresh')
