@@ -132,9 +132,9 @@ def test_missing_data_root_is_one_line_naming_the_path(tmp_path):
                 *options_argv(synthetic_options('mmdet', missing)))
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"error: train_dataloader.dataset.data_root: directory not found: '{missing}/coco/' "
-        "(for the synthetic sets run tools/make_synthetic_data.py, or set it with "
-        "--cfg-options)"]
+        f"error: train_dataloader.dataset.data_root: directory not found: '{missing}/coco/'; "
+        "pass --data-root DIR (the folder holding the annotations and images; for the "
+        "synthetic sets, tools/make_synthetic_data.py writes DIR/coco and DIR/ade)"]
 
 
 def test_missing_annotation_file_and_config_are_named(data, tmp_path):
