@@ -34,7 +34,9 @@ def parse_args(argv=None):
                    help='repeatable; default both')
     p.add_argument('--threads', type=int, default=torch.get_num_threads())
     p.add_argument('--repeats', type=int, default=5)
-    p.add_argument('--quick', action='store_true', help='2 repeats, 512x512 only, no compile')
+    p.add_argument('--quick', action='store_true',
+                   help='a minute on 2 cores: 224x224 batch 1, 2 repeats, no compile, no '
+                   'memory runs (each memory run is a fresh process importing mmdet)')
     p.add_argument('--compile', dest='compile_lines', action='store_true', default=None,
                    help='add a torch.compile inference line for the last shape (default: on '
                    'unless --quick)')
@@ -59,7 +61,9 @@ def main(argv=None) -> int:
         args.repeats = 2
     cases = [(tuple(s), args.batch or 1) for s in args.shape] if args.shape else DEFAULT_CASES
     if args.quick and not args.shape:
-        cases = [((512, 512), args.batch or 2)]
+        cases = [((224, 224), args.batch or 1)]
+    if args.quick:
+        args.no_memory = True
     if args.batch and not args.shape:
         cases = [(s, args.batch) for s, _ in cases]
     modes = args.mode or ['infer', 'train']
