@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     parser.add_argument('--jobs', type=int, choices=(1, 2), default=2,
                         help='run detection and segmentation side by side (2) or in turn (1)')
     parser.add_argument('--no-benchmark', action='store_true',
-                        help='skip tools/benchmark.py --quick (also: make demo ARGS=--no-benchmark)')
+                        help='skip tools/benchmark.py --quick (make demo ARGS=--no-benchmark)')
     parser.add_argument('--max-iters', type=int,
                         help="override the configs' schedule length (for a quick look)")
     args = parser.parse_args(argv)

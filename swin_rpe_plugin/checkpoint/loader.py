@@ -44,7 +44,7 @@ class LoadReport:
     derived: List[str] = dataclasses.field(default_factory=list)          # index/mask buffers
     not_in_format: List[str] = dataclasses.field(default_factory=list)    # output norms kept
     zero_tables: List[str] = dataclasses.field(default_factory=list)      # all-zero bias tables
-    passed_through: List[str] = dataclasses.field(default_factory=list)   # whole model: not backbone
+    passed_through: List[str] = dataclasses.field(default_factory=list)   # whole model: the rest
 
     def summary(self) -> str:
         lines = [f'format {self.format} ({self.container}): loaded {len(self.loaded)}, '

@@ -16,9 +16,8 @@ from mmengine.runner import Runner
 from .config import (CheckpointMismatchError, MissingPathError, UsageError, adapt_to_device,
                      check_backbone_arguments, check_data_paths, check_pretrained_paths,
                      load_config, set_data_root, toolkit_of)
+from ..models.load_hooks import BIAS_TABLE, square_window_of_rows
 from .pictures import PredictionPicturesHook
-
-BIAS_TABLE = 'relative_position_bias_table'
 
 
 def allow_checkpoints() -> bool:
@@ -124,7 +123,6 @@ def _own_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
 
 def _resized_on_load(key: str, saved: tuple, own: tuple) -> bool:
     """Whether the backbone's load hook resizes this saved bias table to the model's."""
-    from swin_rpe_plugin.models.load_hooks import square_window_of_rows
     return (key.endswith(BIAS_TABLE) and len(saved) == len(own) == 2 and saved[1] == own[1]
             and square_window_of_rows(saved[0]) is not None)
 
