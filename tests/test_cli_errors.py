@@ -133,3 +133,28 @@ def _saved(model, tmp_path):
     path = str(tmp_path / 'fresh.pth')
     torch.save({'state_dict': model.state_dict()}, path)
     return path
+
+
+def test_all_zero_tables_are_named_when_a_state_dict_loads(tmp_path):
+    from mmdet.models.backbones import SwinTransformer as MMDetSwin
+    from mmengine.logging import MMLogger
+    from swin_rpe_plugin import SwinTransformer
+    import logging
+    kwargs = dict(embed_dims=16, depths=(2, 2), num_heads=(1, 2), strides=(4, 2),
+                  out_indices=(0, 1), window_size=3)
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(handler)
+    try:
+        SwinTransformer(**kwargs).load_state_dict(MMDetSwin(**kwargs).state_dict())
+        fresh = SwinTransformer(**kwargs)
+        fresh.init_weights()
+        SwinTransformer(**kwargs).load_state_dict(fresh.state_dict())
+    finally:
+        logger.removeHandler(handler)
+    zero = [m for m in messages if 'all zero' in m]
+    assert zero == ['backbone: 4 of 4 relative_position_bias_tables in the state dict are all '
+                    'zero (first: stages.0.blocks.0.attn.w_msa.relative_position_bias_table): '
+                    'never initialised or trained (mmdet and mmseg leave them at zero)']

@@ -6,7 +6,7 @@
 
 The toolkit (mmdet or mmseg) comes from the config's default_scope; metrics are the config's
 evaluators' (mmdet CocoMetric, mmseg IoUMetric). A checkpoint that does not fit the model is
-refused with the first offending key.
+refused with the first offending key; bias tables saved at another window are resized instead.
 """
 import argparse
 import os
