@@ -56,9 +56,10 @@ def _stock_coco() -> str:
 
 
 def test_missing_data_names_the_option(tmp_path):
-    cfg = load_config(DET)
+    gone = str(tmp_path / 'gone')  # not the config's default, which a demo run may create
+    cfg = load_config(DET, {'train_dataloader.dataset.data_root': gone})
     with pytest.raises(MissingPathError, match=r"train_dataloader\.dataset\.data_root: directory "
-                       r"not found: 'data/synthetic/coco/'; pass --data-root DIR"):
+                       rf"not found: '{gone}'; pass --data-root DIR"):
         check_data_paths(cfg, ('train_dataloader',))
     proc = tool('tools/test.py', SEG, __file__, '--data-root', str(tmp_path / 'none'))
     assert proc.returncode == 2
