@@ -9,8 +9,9 @@ setup:
 test: setup
 	$(PY) -m pytest tests
 
+# e.g. make demo ARGS=--no-benchmark
 demo: setup
-	$(PY) tools/demo.py
+	$(PY) tools/demo.py $(ARGS)
 
 clean:
 	rm -rf .venv build *.egg-info

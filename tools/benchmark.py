@@ -16,7 +16,6 @@ the top operators of one step of each model (share of the step's self CPU time).
 ONNX Runtime lines: our backbone exported once with dynamic sizes against mmdet's exported at
 each fixed size (inference, fp32).
 """
-import argparse
 import json
 import os
 import sys
@@ -25,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from swin_rpe_plugin.cli import ArgumentParser  # noqa: E402
 from swin_rpe_plugin.analysis.benchmark import (ARCHS, DTYPES, benchmark_case,  # noqa: E402
                                                 fast_low_precision, format_profile,
                                                 format_table, machine_info, sgemm_gflops)
@@ -33,7 +33,7 @@ DEFAULT_CASES = [((800, 1216), 1), ((512, 512), 2)]
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p = ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--arch', choices=sorted(ARCHS), default='tiny')
     p.add_argument('--shape', type=int, nargs=2, action='append', metavar=('H', 'W'),
                    help='repeatable; default 800 1216 (batch 1) and 512 512 (batch 2)')
@@ -46,7 +46,9 @@ def parse_args(argv=None):
                    help='time bf16/fp16 even where their matmul is not faster than fp32')
     p.add_argument('--threads', type=int, default=torch.get_num_threads())
     p.add_argument('--repeats', type=int, default=5)
-    p.add_argument('--quick', action='store_true', help='2 repeats, 512x512 only, no compile')
+    p.add_argument('--quick', action='store_true',
+                   help='a minute on 2 cores: 224x224 batch 1, 2 repeats, no compile, no '
+                   'memory runs (each memory run is a fresh process importing mmdet)')
     p.add_argument('--compile', dest='compile_lines', action='store_true', default=None,
                    help='add a torch.compile inference line for the last shape (default: on '
                    'unless --quick)')
@@ -76,7 +78,9 @@ def main(argv=None) -> int:
         args.repeats = 2
     cases = [(tuple(s), args.batch or 1) for s in args.shape] if args.shape else DEFAULT_CASES
     if args.quick and not args.shape:
-        cases = [((512, 512), args.batch or 2)]
+        cases = [((224, 224), args.batch or 1)]
+    if args.quick:
+        args.no_memory = True
     if args.batch and not args.shape:
         cases = [(s, args.batch) for s, _ in cases]
     modes = args.mode or ['infer', 'train']
@@ -126,6 +130,10 @@ def main(argv=None) -> int:
     for record in records:
         if 'profile' in record:
             print('\n' + format_profile(record))
+    flagged = [r for r in records if r.get('flags')]
+    if flagged:  # a roof or a timing taken under load: rerun on an idle machine
+        print(f'{len(flagged)} record(s) flagged (roofline>1 or load average above '
+              f'{args.threads} threads): numbers not trustworthy, rerun when the machine is idle')
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(dict(machine, matmul_gflops=sgemm, records=records), f, indent=1)

@@ -10,16 +10,18 @@ FLOP. ``--json PATH`` writes the numbers (msa_flops, wmsa_flops, params, flops, 
 import argparse
 import json
 import os
+import sys
 
 import torch
 
+from swin_rpe_plugin.cli import ArgumentParser
 from swin_rpe_plugin.analysis import (ARCHS, CONVENTION, attention_table, build_classifier,
                                       build_from_config, config_inputs, count_complexity)
-from swin_rpe_plugin.analysis.models import PUBLISHED, WHOLE_MODEL_NOTE
+from swin_rpe_plugin.analysis.models import PUBLISHED, published_for_config
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p = ArgumentParser(description=__doc__.split('\n')[0])
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument('--feature', nargs=3, type=int, metavar=('H', 'W', 'C'),
                       help='one attention layer on an H x W x C map: global vs window MSA')
@@ -81,13 +83,18 @@ def main(argv=None) -> dict:
         out = model_report(model, (torch.zeros(1, 3, *hw),), model.backbone, 'backbone.', hw,
                            f'Swin-{args.arch[0].upper()} classifier (1000 classes)')
         params_m, gflops = PUBLISHED[args.arch]
-        print(f'Published (Swin paper, 224x224): {params_m} M params, {gflops} G FLOPs; '
-              f'measured {out["params"] / 1e6 / params_m - 1:+.2%} params, '
-              f'{out["flops"] / 1e9 / gflops - 1:+.2%} FLOPs'
-              f'{"" if hw == (224, 224) else " (FLOPs at another size: not comparable)"}')
+        if hw == (224, 224) and args.window_size in (None, 7):  # what the paper counted
+            print(f'Published (Swin paper, Table 1, 224x224, window 7; not measured here): '
+                  f'{params_m} M params, {gflops} G FLOPs; this count differs by '
+                  f'{out["params"] / 1e6 / params_m - 1:+.2%} params, '
+                  f'{out["flops"] / 1e9 / gflops - 1:+.2%} FLOPs')
     else:
         if not args.shape:
-            raise SystemExit('--config needs --shape H W (e.g. 800 1280 for COCO)')
+            print('error: --config needs --shape H W (e.g. 800 1280 for COCO)', file=sys.stderr)
+            sys.exit(2)
+        if not os.path.isfile(args.config):
+            print(f'error: --config: config file not found: {args.config!r}', file=sys.stderr)
+            sys.exit(2)
         hw = tuple(args.shape)
         options = {'model.backbone.fused_attention': False} if args.explicit_attention else {}
         model = build_from_config(args.config, options)
@@ -96,7 +103,9 @@ def main(argv=None) -> dict:
         model.forward = lambda x, _f=model.forward: _f(x, samples, mode='tensor')
         out = model_report(model, (inputs,), getattr(model, 'backbone', None), 'backbone.', hw,
                            os.path.basename(args.config))
-        print('\n' + WHOLE_MODEL_NOTE)
+        published = published_for_config(args.config, hw)
+        if published:
+            print('\n' + published)
     if args.json:
         keep = {k: v for k, v in out.items() if k != 'unsupported_ops'}
         with open(args.json, 'w') as f:

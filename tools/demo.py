@@ -7,11 +7,11 @@
    evaluate them with tools/test.py ("before"), fine-tune from them with tools/train.py
    (``load_from``), evaluate the result with tools/test.py ("after", with --show-dir pictures).
    The two tasks run side by side (--jobs 2), one thread each.
-3. tools/benchmark.py --quick, when that tool is present.
-4. <out>/metrics.json, <out>/demo.png (loss curves, metrics), a summary table on stdout.
+3. tools/benchmark.py --quick, when that tool is present (skip it with --no-benchmark).
+4. <out>/metrics.json, <out>/demo.png (loss curves, metrics, and ground truth against
+   predictions on validation images), a summary table on stdout.
 Logs, checkpoints and pictures are under <out>/det and <out>/seg.
 """
-import argparse
 import json
 import os
 import re
@@ -24,10 +24,12 @@ from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from swin_rpe_plugin.cli import ArgumentParser  # noqa: E402
 from swin_rpe_plugin.datasets import make_synthetic_data  # noqa: E402
 from swin_rpe_plugin.engine.demo import (METRIC_KEYS, loss_curve, options_argv,  # noqa: E402
-                                         plot_results, read_scalars, save_initial_checkpoint,
-                                         summary_table, synthetic_options)
+                                         plot_results, prediction_pictures, read_scalars,
+                                         save_initial_checkpoint, summary_table,
+                                         synthetic_options, synthetic_root)
 
 PY = sys.executable
 TASKS = {  # name: (config, toolkit, metrics it reports)
@@ -64,7 +66,7 @@ def run_task(name, init, out, data, threads, position, max_iters=None):
     config, toolkit, _ = TASKS[name]
     work = os.path.join(out, name)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    opts = synthetic_options(toolkit, data)
+    root = ['--data-root', synthetic_root(toolkit, data)]
     warmup = max(1, (max_iters or 0) // 4)
     schedule = {} if max_iters is None else {  # a shorter run, warm-up then decay
         'train_cfg.max_iters': max_iters, 'param_scheduler.0.end': warmup,
@@ -74,25 +76,25 @@ def run_task(name, init, out, data, threads, position, max_iters=None):
     test = [PY, 'tools/test.py', config]
     times[f'{name} test before'] = run(
         test + [init, '--work-dir', os.path.join(work, 'test_before'), '--out-metrics',
-                os.path.join(work, 'metrics_before.json')] + options_argv(opts),
+                os.path.join(work, 'metrics_before.json')] + root,
         os.path.join(work, 'test_before.log'), env)
     with tqdm(desc=f'{name} train', position=position, unit='it', leave=True) as bar:
         times[f'{name} train'] = run(
             [PY, 'tools/train.py', config, '--work-dir', os.path.join(work, 'train')]
-            + options_argv({**opts, **NO_VAL, **schedule, 'load_from': init}),
+            + root + options_argv({**NO_VAL, **schedule, 'load_from': init}),
             os.path.join(work, 'train.log'), env, bar)
     with open(os.path.join(work, 'train', 'last_checkpoint')) as f:
         checkpoint = f.read().strip()
     times[f'{name} test after'] = run(
         test + [checkpoint, '--work-dir', os.path.join(work, 'test_after'), '--out-metrics',
                 os.path.join(work, 'metrics_after.json'), '--show-dir',
-                os.path.join(work, 'predictions')] + options_argv(opts),
+                os.path.join(work, 'predictions')] + root,
         os.path.join(work, 'test_after.log'), env)
     return times
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--out', default='work_dirs/demo')
     parser.add_argument('--data', default='data/synthetic')
     parser.add_argument('--num-train', type=int, default=200)
@@ -100,6 +102,8 @@ def main(argv=None) -> int:
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--jobs', type=int, choices=(1, 2), default=2,
                         help='run detection and segmentation side by side (2) or in turn (1)')
+    parser.add_argument('--no-benchmark', action='store_true',
+                        help='skip tools/benchmark.py --quick (make demo ARGS=--no-benchmark)')
     parser.add_argument('--max-iters', type=int,
                         help="override the configs' schedule length (for a quick look)")
     args = parser.parse_args(argv)
@@ -130,7 +134,9 @@ def main(argv=None) -> int:
 
     print('[3/4] benchmark')
     bench = os.path.join(ROOT, 'tools', 'benchmark.py')
-    if os.path.isfile(bench):
+    if args.no_benchmark:
+        print('skipped (--no-benchmark)')
+    elif os.path.isfile(bench):
         times['benchmark --quick'] = run(
             # bf16 lines only where the CPU's bf16 matmul is fast; the tool says why otherwise.
             [PY, bench, '--quick', '--dtype', 'fp32', '--dtype', 'bf16', '--json',
@@ -154,7 +160,9 @@ def main(argv=None) -> int:
     times['total'] = time.time() - start
     with open(os.path.join(out, 'metrics.json'), 'w') as f:
         json.dump(dict(metrics, wall_time_s=times), f, indent=1)
-    plot_results(curves, metrics, os.path.join(out, 'demo.png'))
+    pictures = {name: prediction_pictures(os.path.join(out, name, 'predictions'), 2)
+                for name in TASKS}
+    plot_results(curves, metrics, os.path.join(out, 'demo.png'), pictures)
     print(f'wrote {out}/metrics.json, {out}/demo.png')
     print(summary_table(metrics, times))
     return 0

@@ -5,14 +5,14 @@
 
 OUT_DIR (default data/synthetic) gets coco/ and ade/; the same seed writes the same files.
 """
-import argparse
 import sys
 
+from swin_rpe_plugin.cli import ArgumentParser
 from swin_rpe_plugin.datasets import make_synthetic_data
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('out_dir', nargs='?', default='data/synthetic')
     parser.add_argument('--num-train', type=int, default=200)
     parser.add_argument('--num-val', type=int, default=50)

@@ -1,11 +1,12 @@
 """Evaluate a checkpoint: the CLI of mmdet's and mmseg's tools/test.py.
 
-    .venv/bin/python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--show-dir DIR]
+    .venv/bin/python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--data-root DIR]
+        [--show-dir DIR [--show-interval N]]
         [--out-metrics FILE.json] [--cfg-options k=v ...] [--launcher {none,pytorch,...}]
 
 The toolkit (mmdet or mmseg) comes from the config's default_scope; metrics are the config's
 evaluators' (mmdet CocoMetric, mmseg IoUMetric). A checkpoint that does not fit the model is
-refused with the first offending key.
+refused with the first offending key; bias tables saved at another window are resized instead.
 """
 import argparse
 import os
@@ -13,15 +14,22 @@ import sys
 
 from mmengine.config import DictAction
 
+from swin_rpe_plugin.cli import ArgumentParser
 from swin_rpe_plugin.engine import UsageError, test
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='test config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--work-dir', help='the dir to save logs and metrics')
-    parser.add_argument('--show-dir', help='directory where pictures of predictions are saved')
+    parser.add_argument('--data-root', metavar='DIR',
+                        help="the dataset folder: sets every dataset's data_root and the "
+                        "evaluators' annotation files (COCO- and ADE20K-style layouts)")
+    parser.add_argument('--show-dir', help='save a picture of ground truth and prediction of '
+                        'every image here')
+    parser.add_argument('--show-interval', type=int, default=1, metavar='N',
+                        help='with --show-dir, draw every N-th image (default 1: all)')
     parser.add_argument('--out-metrics', help='write the metrics to this JSON file')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, key=value (e.g. a.b=1)')
@@ -37,7 +45,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         metrics = test(args.config, args.checkpoint, args.work_dir, args.cfg_options,
-                       args.show_dir, args.launcher, args.out_metrics)
+                       args.show_dir, args.launcher, args.out_metrics,
+                       data_root=args.data_root, show_interval=args.show_interval)
     except UsageError as err:  # a bad path, argument or key: one line, no traceback
         print(f'error: {err}', file=sys.stderr)
         return 2

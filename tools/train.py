@@ -1,13 +1,13 @@
 """Train a detector or segmentor: the CLI of mmdet's and mmseg's tools/train.py.
 
-    .venv/bin/python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]]
+    .venv/bin/python tools/train.py CONFIG [--work-dir DIR] [--data-root DIR] [--resume [CKPT]]
         [--amp [--amp-dtype {bf16,fp16}]] [--cfg-options k=v ...]
         [--launcher {none,pytorch,slurm,mpi}]
 
 The toolkit (mmdet or mmseg) comes from the config's default_scope. --amp trains in mixed
 precision: bf16 autocast on CPU (swin_rpe_plugin.AutocastOptimWrapper), fp16 with a dynamic
-loss scale on CUDA (mmengine's AmpOptimWrapper; --amp-dtype bf16 for bf16). Without CUDA, SyncBN is
-converted to BN and distributed runs use gloo (tools/dist_train.sh).
+loss scale on CUDA (mmengine's AmpOptimWrapper; --amp-dtype bf16 for bf16). Without CUDA,
+SyncBN is converted to BN and distributed runs use gloo (tools/dist_train.sh).
 """
 import argparse
 import os
@@ -15,13 +15,17 @@ import sys
 
 from mmengine.config import DictAction
 
+from swin_rpe_plugin.cli import ArgumentParser
 from swin_rpe_plugin.engine import UsageError, train
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='train config file path')
     parser.add_argument('--work-dir', help='the dir to save logs and models')
+    parser.add_argument('--data-root', metavar='DIR',
+                        help="the dataset folder: sets every dataset's data_root and the "
+                        "evaluators' annotation files (COCO- and ADE20K-style layouts)")
     parser.add_argument('--amp', action='store_true',
                         help='mixed precision: bf16 autocast on CPU, fp16 + loss scale on CUDA')
     parser.add_argument('--amp-dtype', choices=['bf16', 'fp16'],
@@ -42,7 +46,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         runner = train(args.config, args.work_dir, args.cfg_options, args.resume, args.amp,
-                       args.launcher, args.amp_dtype)
+                       args.launcher, args.amp_dtype, data_root=args.data_root)
     except UsageError as err:  # a bad path, argument or key: one line, no traceback
         print(f'error: {err}', file=sys.stderr)
         return 2

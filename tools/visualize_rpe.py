@@ -10,14 +10,16 @@ one query's attention on an image with and without the bias (attention_...). Wit
 """
 import argparse
 import os
+import sys
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from swin_rpe_plugin.analysis import ARCHS
+from swin_rpe_plugin.cli import ArgumentParser
 from swin_rpe_plugin.analysis import rpe_plots
-from swin_rpe_plugin.checkpoint import load_pretrained
+from swin_rpe_plugin.checkpoint import UnsafeCheckpointError, load_pretrained
 from swin_rpe_plugin.models import SwinTransformer
 
 IMAGENET_MEAN = (123.675, 116.28, 103.53)
@@ -25,7 +27,7 @@ IMAGENET_STD = (58.395, 57.12, 57.375)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p = ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--arch', choices=sorted(ARCHS), default='tiny')
     p.add_argument('--window-size', type=int, nargs='+', default=[7], help='M or Mh Mw')
     p.add_argument('--checkpoint', help='weights (any format the loader reads); none: fresh')
@@ -51,6 +53,8 @@ def load_image(path, hw):
     import mmcv
     h, w = hw
     if path:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f'image not found: {path!r}')
         rgb = mmcv.imresize(mmcv.imread(path, channel_order='rgb'), (w, h))
     else:  # a gradient with two blocks: something with edges to look at
         rgb = np.zeros((h, w, 3), np.uint8)
@@ -61,18 +65,38 @@ def load_image(path, hw):
     return torch.from_numpy(x).permute(2, 0, 1)[None].float(), torch.from_numpy(rgb)
 
 
+def fail(option: str, err: Exception):
+    """One line naming the option, exit code 2."""
+    print(f'error: {option}: {str(err).strip(chr(34))}', file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv=None) -> list:
     args = parse_args(argv)
     window = args.window_size[0] if len(args.window_size) == 1 else tuple(args.window_size)
     torch.manual_seed(args.seed)
-    model = SwinTransformer(**ARCHS[args.arch], window_size=window, drop_path_rate=0.0)
+    try:
+        model = SwinTransformer(**ARCHS[args.arch], window_size=window, drop_path_rate=0.0)
+    except (ValueError, TypeError) as err:
+        fail('--window-size', err)
     if args.checkpoint:
-        load_pretrained(model, args.checkpoint, strict=False, allow_pickle=args.allow_pickle)
+        try:
+            load_pretrained(model, args.checkpoint, strict=False, allow_pickle=args.allow_pickle)
+        except (FileNotFoundError, KeyError, ValueError, TypeError, UnsafeCheckpointError) as err:
+            fail('--checkpoint', err)
     else:
         model.init_weights()
     model.eval()
     stages = args.stages if args.stages is not None else list(range(len(model.stages)))
-    image, rgb = load_image(args.image, args.shape)
+    try:
+        image, rgb = load_image(args.image, args.shape)
+    except FileNotFoundError as err:
+        fail('--image', err)
+    for s in stages:  # out-of-range stage, block or head: named before anything is drawn
+        try:
+            rpe_plots.bias_matrix(model, s, args.block, args.head)
+        except ValueError as err:
+            fail('--stages/--block/--head', err)
     os.makedirs(args.out, exist_ok=True)
     shift = model.stages[0].blocks[min(1, len(model.stages[0].blocks) - 1)].shift_size
     jobs = [(f'shift_mask_{args.mask_size[0]}x{args.mask_size[1]}.png', rpe_plots.plot_shift_mask,

@@ -8,6 +8,7 @@ before the step is what the step itself added on top of weights, input and the i
 """
 import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -119,6 +120,32 @@ def sgemm_gflops(n: int = 2048, repeats: int = 5, dtype: str = 'fp32') -> float:
         fn()
         best = min(best, *(_timed(fn) for _ in range(repeats)))
     return 2 * n**3 / best / 1e9
+
+
+ROOF_N = 1024  # the roof's product: n x n by n x n, 2 n^3 flops, ~10-40 ms on 2 cores
+
+
+def roof_steps(n: int = ROOF_N, dtype: str = 'fp32') -> Dict[str, callable]:
+    """One n x n product in ``dtype`` with torch.mm (MKL's sgemm in fp32) and one with oneDNN's
+    matmul, as timed functions.
+
+    They run interleaved with the models (same rounds, same load), so the roof is the machine's
+    throughput at the time of the measurement: a roof measured once on an idle moment next to
+    models timed on a busy one gave roofline fractions above 1.
+    """
+    from ..ops import linear
+    a, b = torch.randn(n, n, dtype=DTYPES[dtype]), torch.randn(n, n, dtype=DTYPES[dtype])
+    return {'roof_mkl': lambda _x: torch.mm(a, b), 'roof_onednn': lambda _x: linear(a, b)}
+
+
+def record_flags(record: dict, threads: int) -> List[str]:
+    """Why a record should not be trusted: a roofline above 1, or a busy machine."""
+    flags = []
+    if record.get('roofline_fraction', 0) > 1:
+        flags.append('roofline>1')
+    if record.get('load_avg', 0) > threads:
+        flags.append(f'busy(load {record["load_avg"]:.1f}>{threads})')
+    return flags
 
 
 def backbone_gflops(model: torch.nn.Module, shape: Tuple[int, int], batch: int) -> float:
@@ -246,8 +273,10 @@ def benchmark_case(arch: str, shape: Tuple[int, int], batch: int, mode: str, rep
             import torch._inductor.config as inductor_config
             inductor_config.freezing = True
         ours = torch.compile(ours)
+    roofs = roof_steps(dtype=dtype)
     fns = {'mmdet': step_fn(stock, mode, dtype), 'ours': step_fn(ours, mode, dtype)}
-    ms, all_ms = time_interleaved(fns, x, repeats, progress=progress)
+    ms, all_ms = time_interleaved({**fns, **roofs}, x, repeats, progress=progress)
+    roof = max(2 * ROOF_N**3 / ms[k] / 1e6 for k in roofs)  # GFLOP/s from median ms
     gflops = backbone_gflops(stock, shape, batch) * (3 if mode == 'train' else 1)
     record = dict(arch=arch, shape=list(shape), batch=batch,
                   mode=mode + ('+compile' if compile_model else ''), dtype=dtype,
@@ -256,7 +285,10 @@ def benchmark_case(arch: str, shape: Tuple[int, int], batch: int, mode: str, rep
                   mmdet_spread_ms=max(all_ms['mmdet']) - min(all_ms['mmdet']),
                   max_abs_diff=diff, rel_err_vs_fp32=rel_err,
                   gflops=gflops, ours_gflops_per_s=gflops / ms['ours'] * 1e3,
-                  roofline_fraction=gflops / ms['ours'] * 1e3 / sgemm, **ours_kwargs)
+                  roof_gflops=roof, roof_at_start_gflops=sgemm,
+                  roofline_fraction=gflops / ms['ours'] * 1e3 / roof,
+                  load_avg=os.getloadavg()[0], **ours_kwargs)
+    record['flags'] = record_flags(record, threads)
     if profile:
         record['profile'] = {name: profile_ops(fn, x) for name, fn in fns.items()}
     if measure_memory:
@@ -270,7 +302,7 @@ def benchmark_case(arch: str, shape: Tuple[int, int], batch: int, mode: str, rep
 def format_table(records: List[dict]) -> str:
     cols = ['arch', 'shape', 'batch', 'mode', 'dtype', 'mmdet_ms', 'ours_ms', 'speedup',
             'mmdet_peak_mb', 'ours_peak_mb', 'mem_ratio', 'max_abs_diff', 'rel_err_vs_fp32',
-            'gflops', 'roofline_fraction']
+            'gflops', 'roofline_fraction', 'flags']
     rows = [cols]
     for r in records:
         row = []
@@ -278,6 +310,8 @@ def format_table(records: List[dict]) -> str:
             v = r.get(c, '-')
             if c == 'shape':
                 v = 'x'.join(map(str, v))
+            elif c == 'flags':
+                v = ' '.join(v) if isinstance(v, list) and v else '-'
             elif isinstance(v, float):
                 v = f'{v:.2e}' if c in ('max_abs_diff', 'rel_err_vs_fp32') else f'{v:.2f}'
             row.append(str(v))

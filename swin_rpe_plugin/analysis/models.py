@@ -94,20 +94,41 @@ def config_inputs(model: nn.Module, hw: Tuple[int, int]) -> Tuple[Tensor, list]:
 PUBLISHED = {'tiny': (28, 4.5), 'small': (50, 8.7), 'base': (88, 15.4), 'large': (197, 34.5)}
 
 # Whole models: published figures (Swin paper Tables 2-3; official Swin detection and
-# segmentation repositories) next to this tool's count of the same recipes (our backbone, eval,
+# segmentation repositories), keyed by the config of configs/swin_rpe/ they belong to, with the
+# input size they were counted at and this tool's count of the same recipe (our backbone, eval,
 # one image; torch 2.13, mmdet 3.3.0, mmseg 1.2.2).
-WHOLE_MODEL_NOTE = """\
-Whole models, published vs this tool (1 MAC = 1 FLOP; one image):
-  model                          size       published          this tool
-  Mask R-CNN Swin-T              800x1280   48 M /  267 G      47.80 M /  267.0 G
-  Cascade Mask R-CNN Swin-T      800x1280   86 M /  745 G      85.63 M / 2176.2 G (*)
-  UperNet Swin-T (ADE20K)        512x2048   60 M /  945 G      59.94 M /  945.7 G
-(*) official recipe: 4conv1fc BN bbox heads, class-specific regression. mmdet 3.3's
-    CascadeRoIHead.forward (tensor mode, what get_flops traces) runs each of the 3 mask heads on
-    all 1000 proposals; the published count (mmdet 2.x forward_dummy) on the first 100. At
-    0.530 G per RoI and mask head, 2176.2 - 3 x 900 x 0.530 = 745.6 G, the published figure.
-    mmdet's default cascade heads (2fc, class-agnostic) give 80.7 M params.
-Mask R-CNN and UperNet agree within 0.4%. Not counted by mmengine: RoIAlign, NMS, softmax,
-GELU, element-wise adds/multiplies; UperNet's auxiliary head runs only in training (0 G here).
-The attention matmuls (q@k^T, attn@v) are counted: 3.1-3.3 G of the backbone at these sizes
-(Swin-T at 224 is 4.51 G with them, 4.37 G without; the paper prints 4.5)."""
+PUBLISHED_CONFIGS = {
+    'mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py': ('Mask R-CNN Swin-T', (800, 1280), 48, 267),
+    'mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py': ('Mask R-CNN Swin-T', (800, 1280), 48, 267),
+    'cascade-mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py': (
+        'Cascade Mask R-CNN Swin-T', (800, 1280), 86, 745),
+    'upernet_swin-t-p4-w7_8xb2-160k_ade20k-512x512.py': ('UperNet Swin-T', (512, 2048), 60, 945),
+}
+CASCADE_NOTE = """\
+mmdet 3.3's CascadeRoIHead.forward (tensor mode, what get_flops traces) runs each of the 3 mask
+heads on all 1000 proposals; the published count (mmdet 2.x forward_dummy) on the first 100. At
+0.530 G per RoI and mask head, 2176.2 - 3 x 900 x 0.530 = 745.6 G, the published figure."""
+COUNT_NOTE = """\
+Not counted by mmengine: RoIAlign, NMS, softmax, GELU, element-wise adds/multiplies; UperNet's
+auxiliary head runs only in training (0 G here)."""
+
+
+def published_for_config(config: str, hw) -> str:
+    """The published figures of ``config`` as lines labelled as published, or '' if it has none.
+
+    Only for the recipes they belong to (by file name) and at the size they were counted at; any
+    other config or size gets nothing, so a fresh count is never read next to another model's.
+    """
+    import os.path as osp
+    entry = PUBLISHED_CONFIGS.get(osp.basename(str(config)))
+    if entry is None:
+        return ''
+    name, size, params_m, gflops = entry
+    if tuple(hw) != size:
+        return (f'Published figures of {name} are for {size[0]}x{size[1]}; not shown at '
+                f'{hw[0]}x{hw[1]}.')
+    lines = [f'Published ({name}, {size[0]}x{size[1]}; Swin paper / official repositories, not '
+             f'measured here): {params_m} M params, {gflops} G FLOPs']
+    if name.startswith('Cascade'):
+        lines.append(CASCADE_NOTE)
+    return '\n'.join(lines + [COUNT_NOTE])

@@ -23,6 +23,10 @@ from ..ops import (MASK_VALUE, pad_to_window, shift_attention_mask,  # noqa: E40
 __all__ = ['get_block', 'bias_table_grids', 'bias_matrix', 'shift_mask_data', 'query_attention',
            'plot_bias_tables', 'plot_bias_matrix', 'plot_shift_mask', 'plot_attention', 'close']
 
+# Shown on a picture of an all-zero table: mmdet and mmseg never initialise the tables, so an
+# untrained model or a checkpoint saved from one draws blank, which otherwise reads as a bug.
+ZERO_NOTE = ('ALL ZERO: never initialised or trained (mmdet/mmseg leave bias tables at zero); '
+             'load trained weights to see a pattern')
 PANEL_INCHES = 1.75  # sizes in quarter inches: exact pixel sizes at any DPI
 DPI = 100
 
@@ -146,7 +150,7 @@ def plot_bias_tables(backbone: nn.Module, stage: int, path: str, block: int = 0)
             continue
         image = ax.imshow(grids[i].numpy(), cmap='RdBu_r', vmin=-limit, vmax=limit,
                           extent=extent, interpolation='nearest')
-        ax.set_title(f'head {i}', fontsize=8)
+        ax.set_title(f'head {i}' + (' (all zero)' if not grids[i].any() else ''), fontsize=8)
         ax.tick_params(labelsize=6)
         if i % cols == 0:
             ax.set_ylabel('dy', fontsize=7)
@@ -154,7 +158,7 @@ def plot_bias_tables(backbone: nn.Module, stage: int, path: str, block: int = 0)
             ax.set_xlabel('dx', fontsize=7)
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.9, label='bias')
     fig.suptitle(f'stage {stage}, block {block}: bias by offset (query - key), '
-                 f'window {mh}x{mw}', fontsize=9)
+                 f'window {mh}x{mw}' + ('' if grids.any() else f'\n{ZERO_NOTE}'), fontsize=9)
     fig.savefig(path, dpi=DPI)
     return fig
 
@@ -167,7 +171,8 @@ def plot_bias_matrix(backbone: nn.Module, stage: int, block: int, head: int,
     image = ax.imshow(matrix.numpy(), cmap='RdBu_r', interpolation='nearest')
     ax.set_xlabel('key token (y * Mw + x)')
     ax.set_ylabel('query token (y * Mw + x)')
-    ax.set_title(f'stage {stage}, block {block}, head {head}: bias B', fontsize=9)
+    ax.set_title(f'stage {stage}, block {block}, head {head}: bias B'
+                 + ('' if matrix.any() else '\n' + ZERO_NOTE.replace('; ', ';\n')), fontsize=9)
     fig.colorbar(image, ax=ax, label='bias')
     fig.savefig(path, dpi=DPI)
     return fig

@@ -27,6 +27,8 @@ class Conversion:
     ignored: List[str] = dataclasses.field(default_factory=list)       # not backbone weights
     derived: List[str] = dataclasses.field(default_factory=list)       # index/mask buffers
     unexpected: List[str] = dataclasses.field(default_factory=list)    # no rule matched
+    prefix: str = ''                                # whole model: the backbone's key prefix
+    outside: Dict[str, Tensor] = dataclasses.field(default_factory=dict)  # whole model: the rest
 
 
 def unwrap(ckpt: Mapping) -> Tuple[Dict[str, Tensor], str]:
@@ -111,11 +113,13 @@ def convert_state_dict(state: Mapping[str, Tensor], fmt: Format, prefix: str = '
     from separate q, k, v; patch-merging tensors are reordered when the format needs it.
     """
     rules = [(re.compile(p), t) for p, t in fmt.rules]
-    result = Conversion({}, fmt.name, container + (f", prefix '{prefix}'" if prefix else ''))
+    result = Conversion({}, fmt.name, container + (f", prefix '{prefix}'" if prefix else ''),
+                        prefix=prefix)
     parts: Dict[str, Dict[str, Tuple[str, Tensor]]] = {}
     for key, value in state.items():
         if not key.startswith(prefix):
             result.ignored.append(key)
+            result.outside[key] = value
             continue
         name = _strip(fmt, key[len(prefix):])
         if any(re.search(p, name) for p in DERIVED):

@@ -43,6 +43,8 @@ class LoadReport:
     ignored: List[str] = dataclasses.field(default_factory=list)          # not backbone (source)
     derived: List[str] = dataclasses.field(default_factory=list)          # index/mask buffers
     not_in_format: List[str] = dataclasses.field(default_factory=list)    # output norms kept
+    zero_tables: List[str] = dataclasses.field(default_factory=list)      # all-zero bias tables
+    passed_through: List[str] = dataclasses.field(default_factory=list)   # whole model: the rest
 
     def summary(self) -> str:
         lines = [f'format {self.format} ({self.container}): loaded {len(self.loaded)}, '
@@ -51,11 +53,20 @@ class LoadReport:
                  f'{len(self.ignored)} (outside the backbone), derived buffers dropped '
                  f'{len(self.derived)}, output norms not in the checkpoint '
                  f'{len(self.not_in_format)}']
+        if self.passed_through:
+            lines.append(f'  whole model ({self.container}): backbone converted, '
+                         f'{len(self.passed_through)} other keys (necks, heads) passed through '
+                         'unchanged')
         lines += [f'  resized {k}: {a} -> {b}' for k, (a, b) in self.resized.items()]
         lines += [f'  missing {k}' for k in self.missing]
         lines += [f'  unexpected {k}' for k in self.unexpected]
         lines += [f'  kept at init (no output norms in a {self.format} checkpoint) {k}'
                   for k in self.not_in_format]
+        if self.zero_tables:
+            lines.append(f'  all-zero relative_position_bias_table: {len(self.zero_tables)} '
+                         f'(first: {self.zero_tables[0]}): never initialised or trained '
+                         '(mmdet and mmseg leave the tables at zero), so they add no position '
+                         'bias')
         return '\n'.join(lines)
 
     def details(self) -> str:
@@ -170,6 +181,8 @@ def load_pretrained(model: nn.Module, path: str, strict: bool = True,
                         ignored=conversion.ignored, derived=conversion.derived,
                         unexpected=conversion.unexpected + [k for k in conversion.state
                                                             if k not in own])
+    report.zero_tables = [k for k, v in state.items()
+                          if k.endswith('relative_position_bias_table') and not v.any()]
     missing = [k for k in own if k not in state]
     has_norms = any(_OUTPUT_NORM.match(k) for k in conversion.state)
     report.not_in_format = [k for k in missing if _OUTPUT_NORM.match(k) and not has_norms]
@@ -185,11 +198,14 @@ def load_pretrained(model: nn.Module, path: str, strict: bool = True,
 
 def convert_file(src: str, dst: str, window=None, img_size=None, mode: str = 'bicubic',
                  allow_pickle: bool = False, format: Optional[str] = None, src_window=None,
-                 src_grid=None, log: bool = True) -> LoadReport:
+                 src_grid=None, log: bool = True, backbone_only: bool = False) -> LoadReport:
     """Convert a checkpoint file to our backbone names, optionally resized; write ``dst``.
 
     ``window`` resizes every bias table; ``img_size`` (int or (h, w)) resizes an absolute
-    position embedding to img_size / patch size. ``dst`` ending in ``.safetensors`` is written
+    position embedding to img_size / patch size. A whole detector, segmentor or classifier
+    (backbone under a prefix such as ``backbone.``) stays whole: its backbone is converted and
+    resized under the same prefix and every other key is passed through unchanged (listed as
+    ``passed_through``), unless ``backbone_only``. ``dst`` ending in ``.safetensors`` is written
     with safetensors, anything else with ``torch.save`` as ``{'state_dict': ...}``.
     """
     conversion = convert_checkpoint(read_checkpoint(src, allow_pickle), format)
@@ -203,6 +219,11 @@ def convert_file(src: str, dst: str, window=None, img_size=None, mode: str = 'bi
         grid = (size[0] // proj.shape[-2], size[1] // proj.shape[-1])
     state, resized = resize_state_dict(conversion.state, window, grid, src_window, src_grid,
                                        mode)
+    whole = bool(conversion.prefix) and not backbone_only
+    if whole:
+        prefix = conversion.prefix
+        state = {**{prefix + k: v for k, v in state.items()}, **conversion.outside}
+        resized = {prefix + k: v for k, v in resized.items()}
     state = {k: v.contiguous() for k, v in state.items()}
     if dst.endswith('.safetensors'):
         from safetensors.torch import save_file
@@ -211,8 +232,12 @@ def convert_file(src: str, dst: str, window=None, img_size=None, mode: str = 'bi
         torch.save({'state_dict': state}, dst)
     report = LoadReport(path=src, format=conversion.format, container=conversion.container,
                         loaded=list(state), converted=conversion.converted, resized=resized,
-                        ignored=conversion.ignored, derived=conversion.derived,
-                        unexpected=conversion.unexpected)
+                        ignored=[] if whole else conversion.ignored,
+                        derived=conversion.derived, unexpected=conversion.unexpected,
+                        passed_through=list(conversion.outside) if whole else [],
+                        zero_tables=[k for k, v in state.items()
+                                     if k.endswith('relative_position_bias_table')
+                                     and not v.any()])
     if log:
         print_log(f'convert_file({src!r} -> {dst!r}): {report.summary()}',
                   logger=MMLogger.get_current_instance())

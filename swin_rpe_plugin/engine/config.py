@@ -14,6 +14,8 @@ import torch
 from mmengine.config import Config
 from mmengine.logging import print_log
 
+from ..cli import closest
+
 TOOLKITS = ('mmdet', 'mmseg')
 
 
@@ -93,8 +95,15 @@ def adapt_to_device(cfg: Config, launcher: str = 'none') -> None:
         cfg.model_wrapper_cfg = wrapper
 
 
-def _dataset_cfgs(cfg: Config) -> Iterator[Tuple[str, dict]]:
-    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
+EVALUATORS = {'val_evaluator': 'val_dataloader', 'test_evaluator': 'test_dataloader'}
+DATA_ROOT_HINT = ('pass --data-root DIR (the folder holding the annotations and images; for the '
+                  'synthetic sets, tools/make_synthetic_data.py writes DIR/coco and DIR/ade)')
+
+
+def _dataset_cfgs(cfg: Config, loaders: Tuple[str, ...] = LOADERS
+                  ) -> Iterator[Tuple[str, dict]]:
+    for loader in loaders:
         dataset = (cfg.get(loader) or {}).get('dataset')
         path = f'{loader}.dataset'
         while isinstance(dataset, dict) and isinstance(dataset.get('dataset'), dict):
@@ -103,23 +112,81 @@ def _dataset_cfgs(cfg: Config) -> Iterator[Tuple[str, dict]]:
             yield path, dataset
 
 
+def _evaluator_cfgs(cfg: Config, name: str) -> List[dict]:
+    evaluator = cfg.get(name)
+    if isinstance(evaluator, dict):
+        return [evaluator]
+    return [e for e in evaluator or [] if isinstance(e, dict)]
+
+
+def set_data_root(cfg: Config, root: str) -> List[str]:
+    """Point every dataset of the config at ``root`` (``--data-root``); return the keys set.
+
+    Each dataset's ``data_root`` becomes ``root`` (its ``ann_file`` and ``data_prefix`` are
+    relative to it, as in mmdet's COCO and mmseg's ADE20K bases); an evaluator's ``ann_file``
+    (mmdet's CocoMetric) becomes ``root`` joined with the annotation file of the dataset it
+    evaluates.
+    """
+    changed = []
+    anns = {}
+    for key, dataset in _dataset_cfgs(cfg):
+        dataset['data_root'] = root
+        changed.append(f'{key}.data_root')
+        anns[key.split('.')[0]] = dataset.get('ann_file')
+    for name, loader in EVALUATORS.items():
+        for i, evaluator in enumerate(_evaluator_cfgs(cfg, name)):
+            if evaluator.get('ann_file') and anns.get(loader):
+                evaluator['ann_file'] = osp.join(root, anns[loader])
+                changed.append(name + ('' if isinstance(cfg.get(name), dict) else f'[{i}]')
+                               + '.ann_file')
+    return changed
+
+
 def check_data_paths(cfg: Config, loaders: Tuple[str, ...]) -> None:
     """Raise MissingPathError naming the key and path of a missing data root or file."""
-    for key, dataset in _dataset_cfgs(cfg):
-        if not key.startswith(loaders):
-            continue
+    for key, dataset in _dataset_cfgs(cfg, loaders):
         root = dataset.get('data_root') or ''
         if root and not osp.isdir(root):
-            raise MissingPathError(
-                f'{key}.data_root: directory not found: {root!r} (for the synthetic sets run '
-                'tools/make_synthetic_data.py, or set it with --cfg-options)')
+            raise MissingPathError(f'{key}.data_root: directory not found: {root!r}; '
+                                   + DATA_ROOT_HINT)
         ann = dataset.get('ann_file')
         if ann and not osp.isfile(osp.join(root, ann)):
-            raise MissingPathError(f'{key}.ann_file: file not found: {osp.join(root, ann)!r}')
+            raise MissingPathError(f'{key}.ann_file: file not found: {osp.join(root, ann)!r}; '
+                                   + DATA_ROOT_HINT)
         for name, prefix in (dataset.get('data_prefix') or {}).items():
             if prefix and not osp.isdir(osp.join(root, prefix)):
                 raise MissingPathError(
-                    f'{key}.data_prefix.{name}: directory not found: {osp.join(root, prefix)!r}')
+                    f'{key}.data_prefix.{name}: directory not found: '
+                    f'{osp.join(root, prefix)!r}; ' + DATA_ROOT_HINT)
+    for name, loader in EVALUATORS.items():
+        if loader not in loaders:
+            continue
+        for evaluator in _evaluator_cfgs(cfg, name):
+            ann = evaluator.get('ann_file')
+            if isinstance(ann, str) and ann and not osp.isfile(ann):
+                raise MissingPathError(f'{name}.ann_file: file not found: {ann!r}; '
+                                       + DATA_ROOT_HINT)
+
+
+def check_pretrained_paths(cfg: Config) -> None:
+    """Raise MissingPathError naming the ``init_cfg`` key whose local checkpoint is missing."""
+    for path, node in _walk(cfg.model, 'model'):
+        if node.get('type') != 'Pretrained' or not isinstance(node.get('checkpoint'), str):
+            continue
+        ckpt = node['checkpoint']
+        if '://' in ckpt or ckpt.startswith(('torchvision', 'open-mmlab', 'mmcls', 'mmpretrain')):
+            continue  # a URL or model-zoo name: mmengine fetches it
+        if not osp.isfile(ckpt):
+            raise MissingPathError(
+                f'{path}.checkpoint: checkpoint not found: {ckpt!r}; convert or download one '
+                '(README, "Weights"), or set it with --cfg-options '
+                f'{path}.checkpoint=PATH, or {path}=None to start from random weights')
+
+
+def did_you_mean(word: str, choices) -> str:
+    """' (did you mean 'x'?)' for the closest of ``choices``, or ''."""
+    close = closest(word, choices)
+    return f' (did you mean {close!r}?)' if close else ''
 
 
 def check_backbone_arguments(cfg: Config) -> None:
@@ -137,7 +204,9 @@ def check_backbone_arguments(cfg: Config) -> None:
         return
     unknown = sorted(k for k in backbone if k not in params and k not in ('type', '_delete_'))
     if unknown:
+        valid = [k for k in params if k != 'self']
         raise ConfigArgumentError(
             f'model.backbone: {cls.__name__} takes no argument {unknown[0]!r}'
+            + did_you_mean(unknown[0], valid)
             + (f' (also unknown: {unknown[1:]})' if unknown[1:] else '')
-            + f'; it takes {[k for k in params if k != "self"]}')
+            + f'; it takes {valid}')

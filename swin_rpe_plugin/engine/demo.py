@@ -17,6 +17,16 @@ from .config import adapt_to_device, load_config, toolkit_of
 METRIC_KEYS = {'bbox_mAP': 'coco/bbox_mAP', 'segm_mAP': 'coco/segm_mAP', 'mIoU': 'mIoU'}
 
 
+SYNTHETIC_DIRS = {'mmdet': 'coco', 'mmseg': 'ade'}  # where make_synthetic_data writes each set
+
+
+def synthetic_root(toolkit: str, root: str) -> str:
+    """The ``--data-root`` of a toolkit's synthetic set under ``root``."""
+    if toolkit not in SYNTHETIC_DIRS:
+        raise ValueError(f'toolkit must be mmdet or mmseg, got {toolkit!r}')
+    return osp.join(root, SYNTHETIC_DIRS[toolkit])
+
+
 def synthetic_options(toolkit: str, root: str) -> Dict[str, str]:
     """``--cfg-options`` pointing a configs/synthetic config at the set under ``root``."""
     loaders = ('train_dataloader', 'val_dataloader', 'test_dataloader')
@@ -74,12 +84,27 @@ def loss_curve(records: Sequence[dict]) -> List[tuple]:
     return [(r['iter'], r['loss']) for r in records if 'loss' in r and 'iter' in r]
 
 
-def plot_results(curves: Dict[str, List[tuple]], metrics: Dict[str, dict], path: str) -> str:
-    """One PNG: a loss curve per task and the metrics before and after training."""
+def prediction_pictures(folder: str, count: int) -> List[str]:
+    """The first ``count`` pictures (sorted by name) that tools/test.py --show-dir wrote."""
+    if not osp.isdir(folder):
+        return []
+    return [osp.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith('.png')][:count]
+
+
+def plot_results(curves: Dict[str, List[tuple]], metrics: Dict[str, dict], path: str,
+                 pictures: Optional[Dict[str, List[str]]] = None) -> str:
+    """One PNG: a loss curve per task and the metrics before and after training; below them,
+    when ``pictures`` ({task: [png, ...]}) are given, the test tool's pictures of ground truth
+    (left half) against prediction (right half), one panel each."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(curves) + 1, figsize=(5 * (len(curves) + 1), 4))
+    panels = [(task, p) for task, paths in (pictures or {}).items() for p in paths]
+    cols = len(curves) + 1
+    pic_rows = -(-len(panels) // 2) if panels else 0
+    fig = plt.figure(figsize=(5 * cols, 4 + 3.2 * pic_rows))
+    grid = fig.add_gridspec(1 + pic_rows, 2 * cols, height_ratios=[4] + [3.2] * pic_rows)
+    axes = [fig.add_subplot(grid[0, 2 * i:2 * i + 2]) for i in range(cols)]
     for ax, (name, curve) in zip(axes, curves.items()):
         if curve:
             ax.plot(*zip(*curve), marker='.')
@@ -97,6 +122,13 @@ def plot_results(curves: Dict[str, List[tuple]], metrics: Dict[str, dict], path:
     ax.set_xticks(list(x), names)
     ax.set(title='synthetic val set', ylabel='percent')
     ax.legend()
+    half = cols  # two pictures per row, each half the figure wide
+    for i, (task, picture) in enumerate(panels):
+        row, col = 1 + i // 2, (i % 2) * half
+        pax = fig.add_subplot(grid[row, col:col + half])
+        pax.imshow(plt.imread(picture))
+        pax.set_title(f'{task} {osp.basename(picture)}: ground truth | prediction', fontsize=9)
+        pax.axis('off')
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

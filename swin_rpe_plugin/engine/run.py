@@ -14,7 +14,10 @@ from mmengine.config import Config
 from mmengine.runner import Runner
 
 from .config import (CheckpointMismatchError, MissingPathError, UsageError, adapt_to_device,
-                     check_backbone_arguments, check_data_paths, load_config, toolkit_of)
+                     check_backbone_arguments, check_data_paths, check_pretrained_paths,
+                     load_config, set_data_root, toolkit_of)
+from ..models.load_hooks import BIAS_TABLE, square_window_of_rows
+from .pictures import PredictionPicturesHook
 
 
 def allow_checkpoints() -> bool:
@@ -51,9 +54,13 @@ def build_runner(cfg: Config) -> Runner:
 
 
 def prepare(config: str, work_dir: Optional[str], cfg_options: Optional[dict],
-            launcher: str, mode: str) -> Config:
+            launcher: str, mode: str, data_root: Optional[str] = None) -> Config:
     """Load and check a config and fit it to this machine; ``mode`` is 'train' or 'test'."""
     cfg = load_config(config, cfg_options, work_dir)
+    if data_root is not None:
+        if not osp.isdir(data_root):
+            raise MissingPathError(f'--data-root: directory not found: {data_root!r}')
+        set_data_root(cfg, data_root)
     if mode == 'train':
         loaders = ('train_dataloader',) + (('val_dataloader',) if cfg.get('val_cfg') else ())
     else:
@@ -62,6 +69,8 @@ def prepare(config: str, work_dir: Optional[str], cfg_options: Optional[dict],
     toolkit_of(cfg)
     check_backbone_arguments(cfg)
     check_data_paths(cfg, loaders)
+    if mode == 'train':
+        check_pretrained_paths(cfg)
     adapt_to_device(cfg, launcher)
     allow_checkpoints()
     init_distributed(launcher)
@@ -99,9 +108,15 @@ def use_amp(cfg: Config, dtype: Optional[str] = None) -> None:
 
 def train(config: str, work_dir: Optional[str] = None, cfg_options: Optional[dict] = None,
           resume: Optional[str] = None, amp: bool = False,
-          launcher: str = 'none', amp_dtype: Optional[str] = None) -> Runner:
-    """Train as mmdet's/mmseg's tools/train.py; ``resume`` is 'auto' or a checkpoint path."""
-    cfg = prepare(config, work_dir, cfg_options, launcher, 'train')
+          launcher: str = 'none', amp_dtype: Optional[str] = None,
+          data_root: Optional[str] = None) -> Runner:
+    """Train as mmdet's/mmseg's tools/train.py; ``resume`` is 'auto' or a checkpoint path.
+
+    ``load_from`` a checkpoint of another window fine-tunes at the config's window (bias tables
+    are resized on load); ``resume`` from one is refused (its optimizer state has the old
+    shapes, and a resumed run is meant to continue the same run).
+    """
+    cfg = prepare(config, work_dir, cfg_options, launcher, 'train', data_root)
     if amp:
         use_amp(cfg, amp_dtype)
     elif amp_dtype is not None:
@@ -115,20 +130,57 @@ def train(config: str, work_dir: Optional[str] = None, cfg_options: Optional[dic
     if cfg.get('load_from') and not osp.isfile(cfg.load_from):
         raise MissingPathError(f'load_from: checkpoint not found: {cfg.load_from!r}')
     runner = build_runner(cfg)
+    if cfg.get('resume'):
+        from mmengine.runner import find_latest_checkpoint
+        path = cfg.get('load_from') or find_latest_checkpoint(cfg.work_dir)
+        if path:
+            check_resume_window(runner.model, path)
     runner.train()
     return runner
 
 
-def check_checkpoint_fits(model: torch.nn.Module, path: str) -> None:
-    """Raise CheckpointMismatchError naming the first key that is missing, extra or misshapen."""
+def _read_state(path: str) -> Dict[str, torch.Tensor]:
     from mmengine.runner.checkpoint import _load_checkpoint
     ckpt = _load_checkpoint(path, map_location='cpu')
     state = ckpt.get('state_dict', ckpt) if isinstance(ckpt, dict) else {}
-    state = {k[len('module.'):] if k.startswith('module.') else k: v for k, v in state.items()}
-    own = (model.module if hasattr(model, 'module') else model).state_dict()
+    return {k[len('module.'):] if k.startswith('module.') else k: v for k, v in state.items()}
+
+
+def _own_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    return (model.module if hasattr(model, 'module') else model).state_dict()
+
+
+def _resized_on_load(key: str, saved: tuple, own: tuple) -> bool:
+    """Whether the backbone's load hook resizes this saved bias table to the model's."""
+    return (key.endswith(BIAS_TABLE) and len(saved) == len(own) == 2 and saved[1] == own[1]
+            and square_window_of_rows(saved[0]) is not None)
+
+
+def check_resume_window(model: torch.nn.Module, path: str) -> None:
+    """Raise UsageError when ``path`` holds bias tables of another window than the model's."""
+    state, own = _read_state(path), _own_state(model)
+    other = [k for k in own if k.endswith(BIAS_TABLE) and k in state
+             and tuple(state[k].shape) != tuple(own[k].shape)]
+    if other:
+        k = other[0]
+        raise UsageError(
+            f'--resume: {path!r} was trained at another window ({k}: {tuple(state[k].shape)} '
+            f'in the checkpoint, {tuple(own[k].shape)} in the model; {len(other)} such tables). '
+            'A resumed run continues the same run, optimizer state included, so the window must '
+            'match; to fine-tune at the new window start a new run from it: '
+            f'--cfg-options load_from={path} (bias tables are resized on load)')
+
+
+def check_checkpoint_fits(model: torch.nn.Module, path: str) -> None:
+    """Raise CheckpointMismatchError naming the first key that is missing, extra or misshapen.
+
+    Bias tables of another (square) window are not a mismatch: the backbone resizes them.
+    """
+    state, own = _read_state(path), _own_state(model)
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
-    misshapen = [k for k in own if k in state and tuple(own[k].shape) != tuple(state[k].shape)]
+    misshapen = [k for k in own if k in state and tuple(own[k].shape) != tuple(state[k].shape)
+                 and not _resized_on_load(k, tuple(state[k].shape), tuple(own[k].shape))]
     if misshapen:
         k = misshapen[0]
         raise CheckpointMismatchError(
@@ -141,29 +193,24 @@ def check_checkpoint_fits(model: torch.nn.Module, path: str) -> None:
             f'(first: {missing[:3]}), {len(unexpected)} unexpected (first: {unexpected[:3]})')
 
 
-def show_predictions(cfg: Config, show_dir: str) -> None:
-    """Turn on the toolkit's visualization hook and write pictures to ``show_dir``."""
-    hook = cfg.default_hooks.get('visualization')
-    if hook is None:
-        raise UsageError('--show-dir needs default_hooks.visualization in the config')
-    hook['draw'] = True
-    if toolkit_of(cfg) == 'mmdet':
-        hook['test_out_dir'] = osp.abspath(show_dir)
-    else:
-        cfg.visualizer['save_dir'] = osp.abspath(show_dir)
-
-
 def test(config: str, checkpoint: str, work_dir: Optional[str] = None,
          cfg_options: Optional[dict] = None, show_dir: Optional[str] = None,
-         launcher: str = 'none', metrics_out: Optional[str] = None) -> Dict[str, float]:
-    """Evaluate ``checkpoint`` as mmdet's/mmseg's tools/test.py; return the metrics."""
+         launcher: str = 'none', metrics_out: Optional[str] = None,
+         data_root: Optional[str] = None, show_interval: int = 1) -> Dict[str, float]:
+    """Evaluate ``checkpoint`` as mmdet's/mmseg's tools/test.py; return the metrics.
+
+    ``show_dir``: a picture of ground truth and prediction for every ``show_interval``-th
+    image, drawn by the toolkit's visualizer.
+    """
     if not osp.isfile(checkpoint):
-        raise MissingPathError(f'checkpoint not found: {checkpoint!r}')
-    cfg = prepare(config, work_dir, cfg_options, launcher, 'test')
+        raise MissingPathError(f'CHECKPOINT: checkpoint not found: {checkpoint!r}')
+    if show_interval < 1:
+        raise UsageError(f'--show-interval must be >= 1, got {show_interval}')
+    cfg = prepare(config, work_dir, cfg_options, launcher, 'test', data_root)
     cfg.load_from = checkpoint
-    if show_dir:
-        show_predictions(cfg, show_dir)
     runner = build_runner(cfg)
+    if show_dir:
+        runner.register_hook(PredictionPicturesHook(show_dir, show_interval), 'LOW')
     check_checkpoint_fits(runner.model, checkpoint)
     metrics = runner.test()
     metrics = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}

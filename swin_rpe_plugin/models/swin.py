@@ -23,6 +23,7 @@ from ..ops import resize_absolute_pos_embed, to_window_tuple
 from ..ops.dispatch import is_tracing
 from ..registry import MODELS
 from .layers import HW, PatchEmbed, PatchMerging, SwinBlock, WindowMSA
+from .load_hooks import resize_bias_tables_on_load
 
 
 class SwinBlockSequence(nn.Module):
@@ -163,6 +164,9 @@ class SwinTransformer(BaseModule):
         self.num_features = [int(embed_dims * 2**i) for i in range(num_layers)]
         for i in out_indices:
             self.add_module(f'norm{i}', build_norm_layer(norm_cfg, self.num_features[i])[1])
+        # Whatever loads a state dict (load_from, init_detector, a whole detector's
+        # load_state_dict), bias tables saved at another window are resized to this one.
+        self.register_load_state_dict_pre_hook(resize_bias_tables_on_load)
 
     @property
     def out_channels(self) -> List[int]:

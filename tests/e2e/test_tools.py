@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from conftest import short
 from swin_rpe_plugin.datasets import make_synthetic_data
 from swin_rpe_plugin.engine import (CheckpointMismatchError, ConfigArgumentError,
                                     MissingPathError, load_config)
@@ -18,15 +19,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SEG = os.path.join(ROOT, 'configs/synthetic/upernet_swin-rpe-tiny_shapes-128x128.py')
 DET = os.path.join(ROOT, 'configs/synthetic/mask-rcnn_swin-rpe-tiny_fpn_shapes.py')
 PY = sys.executable
-
-
-def short(iters, warmup=2, batch=4):
-    """Options for a short run: warm-up then linear decay, no validation, log every 2 iters."""
-    return {'train_cfg.max_iters': iters, 'param_scheduler.0.end': warmup,
-            'param_scheduler.1.begin': warmup, 'param_scheduler.1.end': iters,
-            'default_hooks.checkpoint.interval': iters, 'default_hooks.logger.interval': 2,
-            'train_dataloader.batch_size': batch, 'val_cfg': None, 'val_dataloader': None,
-            'val_evaluator': None}
 
 
 def tool(*args, env=None):
@@ -132,9 +124,9 @@ def test_missing_data_root_is_one_line_naming_the_path(tmp_path):
                 *options_argv(synthetic_options('mmdet', missing)))
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"error: train_dataloader.dataset.data_root: directory not found: '{missing}/coco/' "
-        "(for the synthetic sets run tools/make_synthetic_data.py, or set it with "
-        "--cfg-options)"]
+        f"error: train_dataloader.dataset.data_root: directory not found: '{missing}/coco/'; "
+        "pass --data-root DIR (the folder holding the annotations and images; for the "
+        "synthetic sets, tools/make_synthetic_data.py writes DIR/coco and DIR/ade)"]
 
 
 def test_missing_annotation_file_and_config_are_named(data, tmp_path):
