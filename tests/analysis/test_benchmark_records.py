@@ -32,7 +32,7 @@ def test_roof_is_timed_in_the_same_rounds_as_the_models(monkeypatch):
         rounds.append(sorted(fns))
         for fn in fns.values():  # each one runs, as the real timing does
             fn(x)
-        return {name: 10.0 for name in fns}
+        return {name: 10.0 for name in fns}, {name: [9.0, 10.0, 11.0] for name in fns}
 
     def tiny_pair(arch, window_size=7, seed=0, **kwargs):
         from swin_rpe_plugin import SwinTransformer
@@ -56,3 +56,4 @@ def test_roof_is_timed_in_the_same_rounds_as_the_models(monkeypatch):
     assert abs(record['roof_gflops'] - roof) < 1e-9 * roof
     assert abs(record['roofline_fraction'] - (1.0 / 10e-3) / roof) < 1e-12
     assert record['flags'] == ['busy(load 9.0>2)']
+    assert record['ours_spread_ms'] == record['mmdet_spread_ms'] == 2.0
