@@ -2,7 +2,7 @@
 from .version import __version__
 from .registry import HOOKS, MODELS
 from .models import (PaddingAwareHook, SwinTransformer,  # noqa: E402  (registers them)
-                     enable_padding_aware)
+                     SwinTransformerV2, enable_padding_aware)
 from .checkpoint import allow_mmengine_checkpoints
 
 # mmengine Runner checkpoints (numpy values in meta, HistoryBuffer in message_hub) under
@@ -11,4 +11,4 @@ from .checkpoint import allow_mmengine_checkpoints
 allow_mmengine_checkpoints()
 
 __all__ = ['__version__', 'HOOKS', 'MODELS', 'PaddingAwareHook', 'SwinTransformer',
-           'enable_padding_aware']
+           'SwinTransformerV2', 'enable_padding_aware']
