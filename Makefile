@@ -9,8 +9,8 @@ setup:
 test: setup
 	$(PY) -m pytest tests
 
-demo: setup
-	$(PY) tools/demo.py
+demo: setup  # `make demo DEMO_ARGS="--arch v2"`: the same demo with SwinV2 backbones
+	$(PY) tools/demo.py $(DEMO_ARGS)
 
 clean:
 	rm -rf .venv build *.egg-info
