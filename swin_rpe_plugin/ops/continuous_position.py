@@ -96,7 +96,10 @@ def scaled_cosine_query_key(q: Tensor, k: Tensor, logit_scale: Tensor) -> Tuple[
         (s * normalize(q), normalize(k)), same shapes.
     """
     scale = torch.clamp(logit_scale, max=LOGIT_SCALE_MAX).exp().to(q.dtype)
-    return F.normalize(q, dim=-1) * scale, F.normalize(k, dim=-1)
+    # F.normalize's eps; the scale joins the per-row factor, so q takes one pass, not two.
+    q_factor = scale / torch.linalg.vector_norm(q, dim=-1, keepdim=True).clamp_min(1e-12)
+    k_factor = 1.0 / torch.linalg.vector_norm(k, dim=-1, keepdim=True).clamp_min(1e-12)
+    return q * q_factor, k * k_factor
 
 
 def _pretrained_pair(pretrained_window_size) -> Tuple[int, int]:
