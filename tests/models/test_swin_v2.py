@@ -240,3 +240,17 @@ def test_frozen_stages_freeze_v2_parameters():
     assert 'stages.1.downsample.norm.weight' in frozen and 'norm1.weight' in frozen
     assert not [n for n in frozen if n.startswith(('stages.2', 'stages.3', 'norm2'))]
     assert not model.stages[1].training and model.stages[2].training
+
+
+def test_set_window_size_on_v2_rebuilds_coordinates_only():
+    from swin_rpe_plugin.checkpoint import set_window_size
+    live = with_random_output_norms(tiny_v2(8)).eval()
+    load_pretrained(live, HF_WEIGHTS)
+    assert set_window_size(live, 12) == {}
+    built = tiny_v2(12, 8).eval()
+    built.load_state_dict(live.state_dict())
+    x, stages = fixture_case('w12')
+    with torch.no_grad():
+        assert max(max_diffs(live, live(x), stages)) <= 1
+        for a, b in zip(live(x), built(x)):
+            assert torch.equal(a, b)
