@@ -254,3 +254,13 @@ def test_set_window_size_on_v2_rebuilds_coordinates_only():
         assert max(max_diffs(live, live(x), stages)) <= 1
         for a, b in zip(live(x), built(x)):
             assert torch.equal(a, b)
+
+
+def test_bad_input_and_arguments_are_one_line_errors():
+    model = tiny_v2()
+    with pytest.raises(ValueError, match=r'4-D tensor \[B, C, H, W\]'):
+        model(torch.randn(3, 64, 64))
+    with pytest.raises(ValueError, match='pretrained_window_size.*0 means the window itself'):
+        tiny_v2(8, -2)
+    with pytest.raises(ValueError, match='num_heads'):
+        SwinTransformerV2(embed_dims=10, num_heads=(3, 6, 12, 24))
