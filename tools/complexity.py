@@ -13,8 +13,9 @@ import os
 
 import torch
 
-from swin_rpe_plugin.analysis import (ARCHS, ARCHS_V2, CONVENTION, attention_table, build_classifier,
-                                      build_from_config, config_inputs, count_complexity)
+from swin_rpe_plugin.analysis import (ARCHS, ARCHS_V2, CONVENTION, attention_table,
+                                      build_classifier, build_from_config, config_inputs,
+                                      count_complexity)
 from swin_rpe_plugin.analysis.models import PUBLISHED, WHOLE_MODEL_NOTE
 
 

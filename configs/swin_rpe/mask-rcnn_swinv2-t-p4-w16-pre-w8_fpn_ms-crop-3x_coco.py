@@ -1,6 +1,7 @@
 # Mask R-CNN, SwinV2-T backbone (ours, window 16 from window-8 weights), FPN, 3x schedule with
-# multi-scale and crop augmentation, COCO: the recipe of ./mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x
-# _coco.py with the backbone and optimiser rules of ./mask-rcnn_swinv2-t-p4-w16-pre-w8_fpn_1x_coco.py.
+# multi-scale and crop augmentation, COCO: the recipe of
+# ./mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py with the backbone and optimiser rules of
+# ./mask-rcnn_swinv2-t-p4-w16-pre-w8_fpn_1x_coco.py.
 _base_ = ['./mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py']
 
 pretrained = 'checkpoints/swinv2_tiny_patch4_window8_256.pth'

@@ -12,7 +12,7 @@ from swin_rpe_plugin.ops import (continuous_position_bias, log_spaced_relative_c
 
 
 def brute_coords(window, pretrained):
-    """Row (dy + Mh - 1) * (2Mw - 1) + (dx + Mw - 1) holds f(8 dy / (Ph - 1)), f(8 dx / (Pw - 1))."""
+    """Row (dy + Mh - 1) * (2Mw - 1) + (dx + Mw - 1): f(8 dy / (Ph - 1)), f(8 dx / (Pw - 1))."""
     (mh, mw), (ph, pw) = window, pretrained
     f = lambda d: math.copysign(math.log2(abs(d) + 1) / 3, d)  # log2(8) = 3
     rows = []
