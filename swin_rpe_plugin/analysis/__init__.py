@@ -7,5 +7,5 @@ from .models import (ARCHS, ARCHS_V2, SwinClassifier, build_classifier, build_fr
 
 __all__ = ['ARCHS', 'ARCHS_V2', 'CONVENTION', 'SwinClassifier', 'attention_table',
            'backbone_breakdown', 'build_classifier', 'build_from_config', 'config_inputs',
-           'count_complexity', 'flop_analyzer', 'msa_flops', 'sdpa_flop_jit', 'stage_attention_formula',
-           'wmsa_flops']
+           'count_complexity', 'flop_analyzer', 'msa_flops', 'sdpa_flop_jit',
+           'stage_attention_formula', 'wmsa_flops']
