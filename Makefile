@@ -9,9 +9,9 @@ setup:
 test: setup
 	$(PY) -m pytest tests
 
-# e.g. make demo ARGS=--no-benchmark
+# e.g. make demo ARGS=--no-benchmark, make demo ARGS="--arch v2" (the demo with SwinV2)
 demo: setup
-	$(PY) tools/demo.py $(ARGS)
+	$(PY) tools/demo.py $(ARGS) $(DEMO_ARGS)
 
 clean:
 	rm -rf .venv build *.egg-info

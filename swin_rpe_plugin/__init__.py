@@ -2,7 +2,7 @@
 from .version import __version__
 from .registry import HOOKS, MODELS, OPTIM_WRAPPERS
 from .models import (PaddingAwareHook, SwinTransformer,  # noqa: E402  (registers them)
-                     enable_padding_aware)
+                     SwinTransformerV2, enable_padding_aware)
 from .optim import AutocastOptimWrapper  # noqa: E402  (registers it)
 from .checkpoint import allow_mmengine_checkpoints
 
@@ -12,4 +12,4 @@ from .checkpoint import allow_mmengine_checkpoints
 allow_mmengine_checkpoints()
 
 __all__ = ['__version__', 'AutocastOptimWrapper', 'HOOKS', 'MODELS', 'OPTIM_WRAPPERS',
-           'PaddingAwareHook', 'SwinTransformer', 'enable_padding_aware']
+           'PaddingAwareHook', 'SwinTransformer', 'SwinTransformerV2', 'enable_padding_aware']

@@ -30,11 +30,14 @@ from swin_rpe_plugin.analysis.benchmark import (ARCHS, DTYPES, benchmark_case,  
                                                 format_table, machine_info, sgemm_gflops)
 
 DEFAULT_CASES = [((800, 1216), 1), ((512, 512), 2)]
+V2_ARCHS = ('v2-tiny', 'v2-small', 'v2-base')  # vs transformers' Swinv2Model (see below)
 
 
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--arch', choices=sorted(ARCHS), default='tiny')
+    p.add_argument('--arch', choices=sorted(ARCHS) + list(V2_ARCHS), default='tiny',
+                   help='v2-*: SwinV2 against transformers\' Swinv2Model (512x512 b2, window 8; '
+                   'transformers importable from PYTHONPATH)')
     p.add_argument('--shape', type=int, nargs=2, action='append', metavar=('H', 'W'),
                    help='repeatable; default 800 1216 (batch 1) and 512 512 (batch 2)')
     p.add_argument('--batch', type=int, help='batch for every shape (default 1 / 2 as above)')
@@ -71,11 +74,35 @@ def parse_args(argv=None):
     return args
 
 
+def main_v2(args) -> int:
+    """SwinV2: ours against transformers' Swinv2Model, same weights; timing and parity."""
+    from swin_rpe_plugin.analysis.benchmark_v2 import (benchmark_v2_case, format_v2_line,
+                                                       transformers_available)
+    if not transformers_available():
+        print('skip: transformers is not importable (install it in a separate folder and put '
+              'that on PYTHONPATH); --arch v2-* needs its Swinv2Model as the reference')
+        return 0
+    cases = [(tuple(s), args.batch or 2) for s in args.shape] if args.shape else \
+        [((512, 512), args.batch or 2)]
+    records = []
+    for shape, batch in cases:
+        for mode in args.mode or ['infer', 'train']:
+            records.append(benchmark_v2_case(args.arch, shape, batch, mode, args.repeats))
+            print(format_v2_line(records[-1]), flush=True)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(dict(threads=args.threads, records=records), f, indent=1)
+        print(f'wrote {args.json}')
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.quick:
         args.repeats = 2
+    if args.arch in V2_ARCHS:
+        return main_v2(args)
     cases = [(tuple(s), args.batch or 1) for s in args.shape] if args.shape else DEFAULT_CASES
     if args.quick and not args.shape:
         cases = [((224, 224), args.batch or 1)]

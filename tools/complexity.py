@@ -15,8 +15,9 @@ import sys
 import torch
 
 from swin_rpe_plugin.cli import ArgumentParser
-from swin_rpe_plugin.analysis import (ARCHS, CONVENTION, attention_table, build_classifier,
-                                      build_from_config, config_inputs, count_complexity)
+from swin_rpe_plugin.analysis import (ARCHS, ARCHS_V2, CONVENTION, attention_table,
+                                      build_classifier, build_from_config, config_inputs,
+                                      count_complexity)
 from swin_rpe_plugin.analysis.models import PUBLISHED, published_for_config
 
 
@@ -25,8 +26,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument('--feature', nargs=3, type=int, metavar=('H', 'W', 'C'),
                       help='one attention layer on an H x W x C map: global vs window MSA')
-    mode.add_argument('--arch', choices=sorted(ARCHS),
-                      help='a published Swin variant with its classification head')
+    mode.add_argument('--arch', choices=sorted(ARCHS) + sorted(ARCHS_V2),
+                      help='a published Swin (or SwinV2: v2-*) variant with its classification '
+                      'head')
     mode.add_argument('--config', help='an mmdet/mmseg config (whole detector/segmentor)')
     p.add_argument('--windows', nargs='+', type=int, default=[7], help='window sizes M')
     p.add_argument('--shape', nargs=2, type=int, metavar=('H', 'W'), help='input size')
@@ -75,16 +77,22 @@ def main(argv=None) -> dict:
     if args.feature:
         out = feature_report(*args.feature, args.windows)
     elif args.arch:
-        hw = tuple(args.shape or (224, 224))
+        v2 = args.arch in ARCHS_V2
+        native = (256, 256) if v2 else (224, 224)
+        hw = tuple(args.shape or native)
         overrides = dict(fused_attention=not args.explicit_attention)
         if args.window_size:
             overrides['window_size'] = args.window_size
         model = build_classifier(args.arch, **overrides)
         out = model_report(model, (torch.zeros(1, 3, *hw),), model.backbone, 'backbone.', hw,
-                           f'Swin-{args.arch[0].upper()} classifier (1000 classes)')
+                           f'Swin{"V2" if v2 else ""}-{args.arch[-4 if v2 else 0].upper()} '
+                           'classifier (1000 classes)')
         params_m, gflops = PUBLISHED[args.arch]
-        if hw == (224, 224) and args.window_size in (None, 7):  # what the paper counted
-            print(f'Published (Swin paper, Table 1, 224x224, window 7; not measured here): '
+        native_window = 8 if v2 else 7
+        if hw == native and args.window_size in (None, native_window):  # what was published
+            source = ('SwinV2 model zoo, 256x256, window 8' if v2
+                      else 'Swin paper, Table 1, 224x224, window 7')
+            print(f'Published ({source}; not measured here): '
                   f'{params_m} M params, {gflops} G FLOPs; this count differs by '
                   f'{out["params"] / 1e6 / params_m - 1:+.2%} params, '
                   f'{out["flops"] / 1e9 / gflops - 1:+.2%} FLOPs')

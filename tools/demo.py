@@ -37,6 +37,11 @@ TASKS = {  # name: (config, toolkit, metrics it reports)
             ('bbox_mAP', 'segm_mAP')),
     'seg': ('configs/synthetic/upernet_swin-rpe-tiny_shapes-128x128.py', 'mmseg', ('mIoU',)),
 }
+TASKS_V2 = {  # --arch v2: the same recipes with a tiny SwinV2 backbone
+    'det': ('configs/synthetic/mask-rcnn_swinv2-tiny_fpn_shapes.py', 'mmdet',
+            ('bbox_mAP', 'segm_mAP')),
+    'seg': ('configs/synthetic/upernet_swinv2-tiny_shapes-128x128.py', 'mmseg', ('mIoU',)),
+}
 ITER = re.compile(r'Iter\(train\) \[\s*(\d+)/(\d+)\]')
 NO_VAL = {'val_cfg': None, 'val_dataloader': None, 'val_evaluator': None}  # test.py evaluates
 
@@ -62,8 +67,8 @@ def run(cmd, log_path, env, bar=None) -> float:
     return time.time() - start
 
 
-def run_task(name, init, out, data, threads, position, max_iters=None):
-    config, toolkit, _ = TASKS[name]
+def run_task(name, init, out, data, threads, position, max_iters=None, tasks=TASKS):
+    config, toolkit, _ = tasks[name]
     work = os.path.join(out, name)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     root = ['--data-root', synthetic_root(toolkit, data)]
@@ -106,7 +111,10 @@ def main(argv=None) -> int:
                         help='skip tools/benchmark.py --quick (make demo ARGS=--no-benchmark)')
     parser.add_argument('--max-iters', type=int,
                         help="override the configs' schedule length (for a quick look)")
+    parser.add_argument('--arch', choices=('v1', 'v2'), default='v1',
+                        help='backbone of the tiny models: Swin (v1, default) or SwinV2 (v2)')
     args = parser.parse_args(argv)
+    tasks = TASKS if args.arch == 'v1' else TASKS_V2
     out, data = os.path.abspath(args.out), os.path.abspath(args.data)
     start = time.time()
     times = {}
@@ -119,7 +127,7 @@ def main(argv=None) -> int:
     print('[2/4] initial weights, evaluate, fine-tune, evaluate (logs under '
           f'{out}/det, {out}/seg)')
     inits = {}
-    for name, (config, toolkit, _) in TASKS.items():
+    for name, (config, toolkit, _) in tasks.items():
         os.makedirs(os.path.join(out, name), exist_ok=True)
         inits[name] = save_initial_checkpoint(
             os.path.join(ROOT, config), os.path.join(out, name, 'init.pth'), args.seed,
@@ -127,8 +135,8 @@ def main(argv=None) -> int:
     threads = 1 if args.jobs == 2 else max(1, os.cpu_count() or 1)
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run_task, name, inits[name], out, data, threads, i,
-                               args.max_iters)
-                   for i, name in enumerate(TASKS)]
+                               args.max_iters, tasks)
+                   for i, name in enumerate(tasks)]
         for future in futures:
             times.update(future.result())
 
@@ -149,7 +157,7 @@ def main(argv=None) -> int:
 
     print('[4/4] report')
     metrics, curves = {}, {}
-    for name, (_, _, names) in TASKS.items():
+    for name, (_, _, names) in tasks.items():
         results = {}
         for when in ('before', 'after'):
             with open(os.path.join(out, name, f'metrics_{when}.json')) as f:

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from swin_rpe_plugin.analysis import ARCHS
+from swin_rpe_plugin.analysis import ARCHS, ARCHS_V2
 from swin_rpe_plugin.cli import ArgumentParser
-from swin_rpe_plugin.analysis import rpe_plots
+from swin_rpe_plugin.analysis import cpb_plots, rpe_plots
 from swin_rpe_plugin.checkpoint import UnsafeCheckpointError, load_pretrained
-from swin_rpe_plugin.models import SwinTransformer
+from swin_rpe_plugin.models import SwinTransformer, SwinTransformerV2
 
 IMAGENET_MEAN = (123.675, 116.28, 103.53)
 IMAGENET_STD = (58.395, 57.12, 57.375)
@@ -28,7 +28,11 @@ IMAGENET_STD = (58.395, 57.12, 57.375)
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--arch', choices=sorted(ARCHS), default='tiny')
+    p.add_argument('--arch', choices=sorted(ARCHS) + sorted(ARCHS_V2), default='tiny',
+                   help='v2-*: SwinV2, whose continuous position bias is drawn per head at the '
+                   'pretrained and the model window (cpb_surfaces_*)')
+    p.add_argument('--pretrained-window-size', type=int, nargs='+', default=[0],
+                   help='SwinV2: window the weights were trained with (0: the window)')
     p.add_argument('--window-size', type=int, nargs='+', default=[7], help='M or Mh Mw')
     p.add_argument('--checkpoint', help='weights (any format the loader reads); none: fresh')
     p.add_argument('--allow-pickle', action='store_true',
@@ -76,7 +80,14 @@ def main(argv=None) -> list:
     window = args.window_size[0] if len(args.window_size) == 1 else tuple(args.window_size)
     torch.manual_seed(args.seed)
     try:
-        model = SwinTransformer(**ARCHS[args.arch], window_size=window, drop_path_rate=0.0)
+        if args.arch in ARCHS_V2:
+            pretrained = args.pretrained_window_size
+            model = SwinTransformerV2(**ARCHS_V2[args.arch], window_size=window,
+                                      drop_path_rate=0.0,
+                                      pretrained_window_size=pretrained[0] if len(pretrained) == 1
+                                      else tuple(pretrained))
+        else:
+            model = SwinTransformer(**ARCHS[args.arch], window_size=window, drop_path_rate=0.0)
     except (ValueError, TypeError) as err:
         fail('--window-size', err)
     if args.checkpoint:
@@ -104,9 +115,10 @@ def main(argv=None) -> list:
     for s in stages:
         tag = f'stage{s}_block{args.block}'
         query = tuple(args.query) if args.query else None
+        tables = (f'cpb_surfaces_{tag}.png', cpb_plots.plot_cpb_surfaces) \
+            if args.arch in ARCHS_V2 else (f'rpe_tables_{tag}.png', rpe_plots.plot_bias_tables)
         jobs += [
-            (f'rpe_tables_{tag}.png', rpe_plots.plot_bias_tables, (model, s),
-             dict(block=args.block)),
+            (*tables, (model, s), dict(block=args.block)),
             (f'rpe_matrix_{tag}_head{args.head}.png', rpe_plots.plot_bias_matrix,
              (model, s, args.block, args.head)),
             (f'attention_{tag}_head{args.head}.png', rpe_plots.plot_attention,

@@ -9,9 +9,9 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..models import SwinTransformer
+from ..models import SwinTransformer, SwinTransformerV2
 
-__all__ = ['ARCHS', 'SwinClassifier', 'build_classifier', 'build_from_config',
+__all__ = ['ARCHS', 'ARCHS_V2', 'SwinClassifier', 'build_classifier', 'build_from_config',
            'config_inputs']
 
 # The published variants (Liu et al. 2021, Table 1); window 7 at 224x224.
@@ -21,6 +21,9 @@ ARCHS: Dict[str, Dict[str, Any]] = {
     'base': dict(embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
     'large': dict(embed_dims=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)),
 }
+
+# SwinV2 (Liu et al. 2022; official SwinV2 models, window 8 at 256x256).
+ARCHS_V2: Dict[str, Dict[str, Any]] = {f'v2-{k}': v for k, v in ARCHS.items() if k != 'large'}
 
 
 class SwinClassifier(nn.Module):
@@ -39,12 +42,15 @@ class SwinClassifier(nn.Module):
 
 def build_classifier(arch: str, num_classes: int = 1000, **overrides) -> SwinClassifier:
     """The classification model of a published variant (eval mode), backbone args overridable."""
-    if arch not in ARCHS:
-        raise KeyError(f'arch {arch!r} is not one of {sorted(ARCHS)}')
-    kwargs = dict(ARCHS[arch], window_size=7, drop_path_rate=0.0)
+    if arch not in ARCHS and arch not in ARCHS_V2:
+        raise KeyError(f'arch {arch!r} is not one of {sorted(ARCHS) + sorted(ARCHS_V2)}')
+    v2 = arch in ARCHS_V2
+    kwargs = dict((ARCHS_V2 if v2 else ARCHS)[arch], window_size=8 if v2 else 7,
+                  drop_path_rate=0.0)
     kwargs.update(overrides)
     kwargs['out_indices'] = (len(kwargs['depths']) - 1,)
-    return SwinClassifier(SwinTransformer(**kwargs), num_classes).eval()
+    backbone = SwinTransformerV2(**kwargs) if v2 else SwinTransformer(**kwargs)
+    return SwinClassifier(backbone, num_classes).eval()
 
 
 def build_from_config(config, cfg_options: Optional[dict] = None) -> nn.Module:
@@ -91,7 +97,9 @@ def config_inputs(model: nn.Module, hw: Tuple[int, int]) -> Tuple[Tensor, list]:
 
 
 # Published classification figures (Swin paper, Table 1): M params with head, G FLOPs at 224.
-PUBLISHED = {'tiny': (28, 4.5), 'small': (50, 8.7), 'base': (88, 15.4), 'large': (197, 34.5)}
+PUBLISHED = {'tiny': (28, 4.5), 'small': (50, 8.7), 'base': (88, 15.4), 'large': (197, 34.5),
+             # SwinV2 at 256x256, window 8 (official SwinV2 model zoo)
+             'v2-tiny': (28, 5.9), 'v2-small': (50, 11.5), 'v2-base': (88, 20.3)}
 
 # Whole models: published figures (Swin paper Tables 2-3; official Swin detection and
 # segmentation repositories), keyed by the config of configs/swin_rpe/ they belong to, with the

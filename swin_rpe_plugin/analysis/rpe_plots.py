@@ -114,9 +114,11 @@ def query_attention(backbone: nn.Module, image: Tensor, stage: int, block: int, 
     windows, _ = window_partition(x, attn.window_size)  # [nW, N, C]
     id_windows, _ = window_partition(ids, attn.window_size)  # [nW, N, 1]
     win, pos = torch.nonzero(id_windows[..., 0] == qy * wp + qx)[0].tolist()
-    qkv = msa.qkv(windows[win]).reshape(-1, 3, msa.num_heads, c // msa.num_heads)
-    q, k = qkv[:, 0, head], qkv[:, 1, head]  # [N, head_dim]
-    logits = (q * msa.scale) @ k.t()
+    # The module's own hooks: V1's qkv bias and scale, or SwinV2's q/v bias and cosine form.
+    qkv = torch.nn.functional.linear(windows[win], msa.qkv.weight, msa.qkv_projection_bias())
+    qkv = qkv.reshape(-1, 3, msa.num_heads, c // msa.num_heads).permute(1, 2, 0, 3)
+    q, k, scale = msa.query_key(qkv[0][None], qkv[1][None])  # [1, heads, N, head_dim]
+    logits = (q[0, head] * scale) @ k[0, head].t()
     valid = (h, w) if getattr(backbone.stages[stage], 'mask_padding', False) else None
     mask = window_attention_mask((hp, wp), attn.window_size, attn.shift_size, valid)
     if mask is not None:

@@ -14,7 +14,9 @@ from .formats import DERIVED, FORMATS, FORMATS_BY_NAME, INDEX_MAPS, MODEL_PREFIX
 CONTAINERS = ('state_dict', 'model', 'module')
 _QKV_PART = re.compile(r'^(?P<key>.+)\[(?P<part>[qkv])\]$')
 _FIELD = re.compile(r'\{(?P<name>\w+)(?:\|(?P<fn>\w+))?\}')
-_MERGE = re.compile(r'^stages\.\d+\.downsample\.(reduction\.weight|norm\.weight|norm\.bias)$')
+_SPLIT = re.compile(r'^(?P<key>.*)<(?P<parts>[^>]+)>$')
+_MERGE_REDUCTION = re.compile(r'^stages\.\d+\.downsample\.reduction\.weight$')
+_MERGE_NORM = re.compile(r'^stages\.\d+\.downsample\.norm\.(weight|bias)$')
 
 
 @dataclasses.dataclass
@@ -134,11 +136,18 @@ def convert_state_dict(state: Mapping[str, Tensor], fmt: Format, prefix: str = '
             result.ignored.append(key)
             continue
         target = _expand(template, m.groupdict())
+        split = _SPLIT.match(target)
+        if split:
+            _put_thirds(result, split.group('key'), split.group('parts').split('|'), key, value)
+            continue
         qkv = _QKV_PART.match(target)
         if qkv:
             parts.setdefault(qkv.group('key'), {})[qkv.group('part')] = (key, value)
             continue
-        reorder = fmt.merge_order == 'official' and _MERGE.match(target) is not None
+        # V1 norms the 4C concatenation (reordered with it); V2 norms the 2C reduction output.
+        reorder = fmt.merge_order == 'official' and (
+            _MERGE_REDUCTION.match(target) is not None
+            or (fmt.arch == 'v1' and _MERGE_NORM.match(target) is not None))
         _put(result, target, key, official_to_unfold(value) if reorder else value,
              changed=reorder or name != target)
     for target, qkv in parts.items():
@@ -148,6 +157,17 @@ def convert_state_dict(state: Mapping[str, Tensor], fmt: Format, prefix: str = '
         fused = torch.cat([qkv[p][1] for p in 'qkv'], dim=0)
         _put(result, target, ' + '.join(qkv[p][0] for p in 'qkv'), fused, changed=True)
     return result
+
+
+def _put_thirds(result: Conversion, prefix: str, names: List[str], source: str,
+                value: Tensor) -> None:
+    """Split a fused tensor into thirds (rows) named prefix + name; '-' drops a third."""
+    if len(names) != 3 or value.shape[0] % 3:
+        raise KeyError(f'{source}: cannot split a tensor of shape {tuple(value.shape)} into '
+                       f'thirds {names}')
+    for name, part in zip(names, value.chunk(3, dim=0)):
+        if name != '-':
+            _put(result, prefix + name, source, part.contiguous(), changed=True)
 
 
 def _put(result: Conversion, target: str, source: str, value: Tensor, changed: bool) -> None:

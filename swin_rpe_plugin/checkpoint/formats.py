@@ -1,4 +1,5 @@
-"""How each library names Swin v1 weights: one table of key rules per source format (data only).
+"""How each library names Swin V1 and V2 weights: one table of key rules per source format (data
+only).
 
 A format is recognised from its keys (``require``: each pattern matches some key; ``forbid``: no
 key matches), after the container is unwrapped (``state_dict`` / ``model`` / ``module``), the
@@ -7,6 +8,8 @@ prefix of a whole model is split off (``MODEL_PREFIXES``) and a format's ``optio
 name (mmdet 3.3 names: ``stages.i.blocks.j.attn.w_msa.qkv.weight``). In a target:
 - ``{g}`` is the regex group ``g``; ``{g|fn}`` applies ``INDEX_MAPS[fn]`` to it (stage numbering);
 - a trailing ``[q]``, ``[k]`` or ``[v]`` marks one third of a fused qkv tensor (rows q, k, v);
+- a trailing ``<a|b|c>`` splits the source into thirds (rows) named ``a``, ``b``, ``c`` in place of
+  the ``<...>``; ``-`` drops that third (torchvision's fused V2 qkv bias, whose k third is unused);
 - ``None`` means the key is not a backbone weight: ignored and counted in the report.
 The first matching rule wins. A key no rule matches is reported as unexpected.
 
@@ -14,12 +17,18 @@ The first matching rule wins. A key no rule matches is reported as unexpected.
 'unfold' is ours and mmcv's ``nn.Unfold`` order (c, ky, kx); 'official' is Microsoft's
 ``cat([x0, x1, x2, x3])`` with x0=(0,0), x1=(1,0), x2=(0,1), x3=(1,1) (timm, torchvision and
 transformers use it too); its tensors are reordered on load (as mmdet's ``swin_converter``).
+In V2 the merging norm follows the reduction (2C channels), so only the reduction is reordered.
+
+``arch``: 'v1' (bias tables) or 'v2' (continuous position bias); the loader refuses to put one
+into the other. V2 formats are listed first: V1 signatures also match V2 keys.
 
 Sources: Microsoft Swin-Transformer ``models/swin_transformer.py`` and
 Swin-Transformer-Object-Detection; mmdet 3.3 / mmseg 1.2 / mmpretrain 1.2 ``SwinTransformer``;
 timm ``swin_transformer.py`` (< 0.9: merging at the end of a stage; >= 0.9: at the start of the
 next); torchvision 0.13+ ``swin_t``; transformers ``SwinModel`` (4.x and 5.x, on disk and in
 memory). Listings of full Swin-T keys are in ``../shared/fixtures/*_keys.json``.
+SwinV2: Microsoft ``models/swin_transformer_v2.py``; mmpretrain 1.x ``SwinTransformerV2``; timm
+``swin_transformer_v2.py`` (>= 0.9); torchvision ``swin_v2_t/s/b``; transformers ``Swinv2Model``.
 """
 import dataclasses
 from typing import Callable, Dict, Optional, Tuple
@@ -50,6 +59,7 @@ class Format:
     forbid: Tuple[str, ...] = ()
     merge_order: str = 'unfold'
     optional_prefix: str = ''  # stripped from any key that has it, before detection and rules
+    arch: str = 'v1'
 
 
 # Shared by the three formats that use the official block names.
@@ -72,7 +82,129 @@ _OFFICIAL_BLOCK: Tuple[Rule, ...] = (
     (r'^head(\.fc)?\.\w+$', None),
 )
 
-FORMATS: Tuple[Format, ...] = (
+# SwinV2 block keys of the official code, timm and (with 'layers' -> 'features') torchvision.
+_OFFICIAL_V2_BLOCK: Tuple[Rule, ...] = (
+    (r'^patch_embed\.proj\.(?P<p>\w+)$', 'patch_embed.projection.{p}'),
+    (r'^patch_embed\.norm\.(?P<p>\w+)$', 'patch_embed.norm.{p}'),
+    (r'^absolute_pos_embed$', 'absolute_pos_embed'),
+    (r'^layers\.(?P<s>\d+)\.blocks\.(?P<b>\d+)\.norm(?P<n>[12])\.(?P<p>\w+)$',
+     'stages.{s}.blocks.{b}.norm{n}.{p}'),
+    (r'^layers\.(?P<s>\d+)\.blocks\.(?P<b>\d+)\.attn\.(?P<m>qkv|proj)\.(?P<p>\w+)$',
+     'stages.{s}.blocks.{b}.attn.w_msa.{m}.{p}'),
+    (r'^layers\.(?P<s>\d+)\.blocks\.(?P<b>\d+)\.attn\.(?P<m>q_bias|v_bias|logit_scale)$',
+     'stages.{s}.blocks.{b}.attn.w_msa.{m}'),
+    (r'^layers\.(?P<s>\d+)\.blocks\.(?P<b>\d+)\.attn\.k_bias$', None),  # zeros (timm buffer)
+    (r'^layers\.(?P<s>\d+)\.blocks\.(?P<b>\d+)\.attn\.cpb_mlp\.(?P<n>[02])\.(?P<p>\w+)$',
+     'stages.{s}.blocks.{b}.attn.w_msa.cpb_mlp.{n}.{p}'),
+    (r'^layers\.(?P<s>\d+)\.blocks\.(?P<b>\d+)\.mlp\.fc1\.(?P<p>\w+)$',
+     'stages.{s}.blocks.{b}.ffn.layers.0.0.{p}'),
+    (r'^layers\.(?P<s>\d+)\.blocks\.(?P<b>\d+)\.mlp\.fc2\.(?P<p>\w+)$',
+     'stages.{s}.blocks.{b}.ffn.layers.1.{p}'),
+    (r'^norm\.\w+$', None),                          # classifier's final norm
+    (r'^head(\.fc)?\.\w+$', None),
+)
+_CPB = r'\.attn\.w_msa\.cpb_mlp\.0\.weight$'
+_TV = r'^features\.(?P<k>\d*[13579])\.(?P<b>\d+)\.'  # torchvision: stage k // 2's blocks
+_HF = r'^encoder\.layers\.(?P<s>\d+)\.blocks\.(?P<b>\d+)\.'
+_HF_ATTN = _HF + r'attention\.self\.'
+
+FORMATS_V2: Tuple[Format, ...] = (
+    Format(
+        name='swinv2',
+        description='swin_rpe_plugin SwinTransformerV2 (our names; mmdet/mmseg models under '
+                    "'backbone.'): patch merging at the end of each stage",
+        require=(r'^stages\.\d+\.blocks\.\d+' + _CPB, r'^stages\.0\.downsample\.'),
+        rules=(
+            (r'^(?P<k>(patch_embed|stages|norm\d)\..+|absolute_pos_embed)$', '{k}'),
+            (r'^(head|neck)\..+$', None),
+        ),
+        arch='v2'),
+    Format(
+        name='mmpretrain_v2',
+        description='mmpretrain 1.x SwinTransformerV2: our block names, patch merging (unfold '
+                    'order) at the start of stages 1..3',
+        require=(r'^stages\.\d+\.blocks\.\d+' + _CPB,),
+        forbid=(r'^stages\.0\.downsample\.',),
+        rules=(
+            (r'^stages\.(?P<s>\d+)\.downsample\.(?P<r>.+)$', 'stages.{s|prev}.downsample.{r}'),
+            (r'^(?P<k>(patch_embed|stages|norm\d)\..+|absolute_pos_embed)$', '{k}'),
+            (r'^(head|neck)\..+$', None),
+        ),
+        arch='v2'),
+    Format(
+        name='official_v2',
+        description='Microsoft official SwinV2 / timm < 0.9 swinv2: patch merging at the end '
+                    'of each stage',
+        require=(r'^layers\.\d+\.blocks\.\d+\.attn\.cpb_mlp\.0\.weight$',
+                 r'^layers\.0\.downsample\.'),
+        rules=_OFFICIAL_V2_BLOCK + (
+            (r'^layers\.(?P<s>\d+)\.downsample\.(?P<m>reduction|norm)\.(?P<p>\w+)$',
+             'stages.{s}.downsample.{m}.{p}'),
+        ),
+        merge_order='official', arch='v2'),
+    Format(
+        name='timm_v2',
+        description='timm >= 0.9 SwinTransformerV2: patch merging at the start of stages 1..3',
+        require=(r'^layers\.\d+\.blocks\.\d+\.attn\.cpb_mlp\.0\.weight$',),
+        forbid=(r'^layers\.0\.downsample\.',),
+        rules=_OFFICIAL_V2_BLOCK + (
+            (r'^layers\.(?P<s>\d+)\.downsample\.(?P<m>reduction|norm)\.(?P<p>\w+)$',
+             'stages.{s|prev}.downsample.{m}.{p}'),
+        ),
+        merge_order='official', arch='v2'),
+    Format(
+        name='torchvision_v2',
+        description='torchvision swin_v2_t/s/b: features.0 embed, features.2i+1 stage i, '
+                    'features.2i+2 merging; one fused qkv bias (its k third unused)',
+        require=(r'^features\.\d+\.\d+\.attn\.cpb_mlp\.0\.weight$',),
+        rules=(
+            (r'^features\.0\.0\.(?P<p>\w+)$', 'patch_embed.projection.{p}'),
+            (r'^features\.0\.2\.(?P<p>\w+)$', 'patch_embed.norm.{p}'),
+            (_TV + r'norm(?P<n>[12])\.(?P<p>\w+)$', 'stages.{k|tv_stage}.blocks.{b}.norm{n}.{p}'),
+            (_TV + r'attn\.qkv\.weight$', 'stages.{k|tv_stage}.blocks.{b}.attn.w_msa.qkv.weight'),
+            (_TV + r'attn\.qkv\.bias$', 'stages.{k|tv_stage}.blocks.{b}.attn.w_msa.'
+                                          '<q_bias|-|v_bias>'),
+            (_TV + r'attn\.(?P<m>proj\.\w+|logit_scale|cpb_mlp\.[02]\.\w+)$',
+             'stages.{k|tv_stage}.blocks.{b}.attn.w_msa.{m}'),
+            (_TV + r'mlp\.0\.(?P<p>\w+)$', 'stages.{k|tv_stage}.blocks.{b}.ffn.layers.0.0.{p}'),
+            (_TV + r'mlp\.3\.(?P<p>\w+)$', 'stages.{k|tv_stage}.blocks.{b}.ffn.layers.1.{p}'),
+            (r'^features\.(?P<k>\d*[02468])\.(?P<m>reduction|norm)\.(?P<p>\w+)$',
+             'stages.{k|tv_merge}.downsample.{m}.{p}'),
+            (r'^(norm|head)\.\w+$', None),
+        ),
+        merge_order='official', arch='v2'),
+    Format(
+        name='transformers_v2',
+        description='transformers Swinv2Model / Swinv2Backbone / Swinv2ForImageClassification: '
+                    'separate q, k, v (no k bias)',
+        require=(_HF_ATTN + r'continuous_position_bias_mlp\.',),
+        rules=(
+            (r'^embeddings\.patch_embeddings\.projection\.(?P<p>\w+)$',
+             'patch_embed.projection.{p}'),
+            (r'^embeddings\.norm\.(?P<p>\w+)$', 'patch_embed.norm.{p}'),
+            (r'^embeddings\.mask_token$', None),  # masked-image-modeling token
+            (_HF + r'layernorm_before\.(?P<p>\w+)$', 'stages.{s}.blocks.{b}.norm1.{p}'),
+            (_HF + r'layernorm_after\.(?P<p>\w+)$', 'stages.{s}.blocks.{b}.norm2.{p}'),
+            (_HF_ATTN + r'query\.weight$', 'stages.{s}.blocks.{b}.attn.w_msa.qkv.weight[q]'),
+            (_HF_ATTN + r'key\.weight$', 'stages.{s}.blocks.{b}.attn.w_msa.qkv.weight[k]'),
+            (_HF_ATTN + r'value\.weight$', 'stages.{s}.blocks.{b}.attn.w_msa.qkv.weight[v]'),
+            (_HF_ATTN + r'query\.bias$', 'stages.{s}.blocks.{b}.attn.w_msa.q_bias'),
+            (_HF_ATTN + r'value\.bias$', 'stages.{s}.blocks.{b}.attn.w_msa.v_bias'),
+            (_HF_ATTN + r'logit_scale$', 'stages.{s}.blocks.{b}.attn.w_msa.logit_scale'),
+            (_HF_ATTN + r'continuous_position_bias_mlp\.(?P<n>[02])\.(?P<p>\w+)$',
+             'stages.{s}.blocks.{b}.attn.w_msa.cpb_mlp.{n}.{p}'),
+            (_HF + r'attention\.output\.dense\.(?P<p>\w+)$',
+             'stages.{s}.blocks.{b}.attn.w_msa.proj.{p}'),
+            (_HF + r'intermediate\.dense\.(?P<p>\w+)$', 'stages.{s}.blocks.{b}.ffn.layers.0.0.{p}'),
+            (_HF + r'output\.dense\.(?P<p>\w+)$', 'stages.{s}.blocks.{b}.ffn.layers.1.{p}'),
+            (r'^encoder\.layers\.(?P<s>\d+)\.downsample\.(?P<m>reduction|norm)\.(?P<p>\w+)$',
+             'stages.{s}.downsample.{m}.{p}'),
+            (r'^(layernorm|classifier|pooler)\.\w+$', None),
+        ),
+        merge_order='official', optional_prefix='swinv2.', arch='v2'),
+)
+
+FORMATS: Tuple[Format, ...] = FORMATS_V2 + (
     Format(
         name='mmdet',
         description='mmdet 3.x / mmseg 1.x / mmpretrain 1.x SwinTransformer (our names)',

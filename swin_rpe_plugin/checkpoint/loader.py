@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from .compat import safe_torch_load
 from .convert import Conversion, convert_state_dict, detect_format, unwrap
+from .formats import FORMATS_BY_NAME
 from .resize import POS_EMBED, resize_state_dict
 
 _OUTPUT_NORM = re.compile(r'^norm\d+\.')
@@ -45,6 +46,7 @@ class LoadReport:
     not_in_format: List[str] = dataclasses.field(default_factory=list)    # output norms kept
     zero_tables: List[str] = dataclasses.field(default_factory=list)      # all-zero bias tables
     passed_through: List[str] = dataclasses.field(default_factory=list)   # whole model: the rest
+    window_notes: List[str] = dataclasses.field(default_factory=list)     # V2: window transfer
 
     def summary(self) -> str:
         lines = [f'format {self.format} ({self.container}): loaded {len(self.loaded)}, '
@@ -57,6 +59,7 @@ class LoadReport:
             lines.append(f'  whole model ({self.container}): backbone converted, '
                          f'{len(self.passed_through)} other keys (necks, heads) passed through '
                          'unchanged')
+        lines += [f'  {note}' for note in self.window_notes]
         lines += [f'  resized {k}: {a} -> {b}' for k, (a, b) in self.resized.items()]
         lines += [f'  missing {k}' for k in self.missing]
         lines += [f'  unexpected {k}' for k in self.unexpected]
@@ -162,6 +165,7 @@ def load_pretrained(model: nn.Module, path: str, strict: bool = True,
     """
     conversion = convert_checkpoint(read_checkpoint(path, allow_pickle), format)
     own = model.state_dict()
+    _check_arch(model, own, conversion.format, path)
 
     def window_of(key: str):
         return model.get_submodule(key.rsplit('.', 1)[0]).window_size
@@ -187,6 +191,8 @@ def load_pretrained(model: nn.Module, path: str, strict: bool = True,
     has_norms = any(_OUTPUT_NORM.match(k) for k in conversion.state)
     report.not_in_format = [k for k in missing if _OUTPUT_NORM.match(k) and not has_norms]
     report.missing = [k for k in missing if k not in report.not_in_format]
+    if hasattr(model, 'window_transfer_notes'):
+        report.window_notes = model.window_transfer_notes()
     print_log(f'load_pretrained({path!r}): {report.summary()}',
               logger=MMLogger.get_current_instance())
     if strict and report.missing:
@@ -194,6 +200,17 @@ def load_pretrained(model: nn.Module, path: str, strict: bool = True,
                        f'(format {report.format}): {report.missing[:10]}; pass strict=False '
                        'to load anyway')
     return report
+
+
+def _check_arch(model: nn.Module, own: Dict[str, Tensor], format: str, path: str) -> None:
+    """Refuse V1 weights in a V2 model and the reverse (their keys barely overlap)."""
+    model_arch = 'v2' if any('.cpb_mlp.' in k for k in own) else 'v1'
+    arch = FORMATS_BY_NAME[format].arch
+    if arch != model_arch:
+        wanted = 'SwinTransformerV2' if arch == 'v2' else 'SwinTransformer'
+        raise ValueError(f'{path!r} holds Swin {arch.upper()} weights (format {format}) but '
+                         f'{type(model).__name__} is a Swin {model_arch.upper()} backbone: build '
+                         f"type='swin_rpe_plugin.{wanted}' to load it")
 
 
 def convert_file(src: str, dst: str, window=None, img_size=None, mode: str = 'bicubic',

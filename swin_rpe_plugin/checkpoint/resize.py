@@ -10,7 +10,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..ops import (relative_position_index, resize_absolute_pos_embed,
+from ..ops import (log_spaced_relative_coords, relative_position_index, resize_absolute_pos_embed,
                    resize_relative_position_bias_table, to_window_tuple)
 
 HW = Tuple[int, int]
@@ -74,8 +74,10 @@ def set_window_size(model: nn.Module, window_size, mode: str = 'bicubic') -> Dic
     """Change the window of a live SwinTransformer in place, resizing every bias table.
 
     Each WindowMSA gets a resized table (a new Parameter: build the optimizer afterwards) and
-    a rebuilt ``relative_position_index``; shifted blocks shift by (h // 2, w // 2).
-    Returns {table name: (old shape, new shape)}.
+    a rebuilt ``relative_position_index``; shifted blocks shift by (h // 2, w // 2). A SwinV2
+    backbone resizes nothing: its coordinates are rebuilt for the new window, still normalised
+    by the window its weights were trained with (``pretrained_window_size``).
+    Returns {table name: (old shape, new shape)} (empty for SwinV2).
     """
     from ..models.layers import WindowMSA  # checkpoint sits above models
     new = to_window_tuple(window_size)
@@ -91,6 +93,13 @@ def set_window_size(model: nn.Module, window_size, mode: str = 'bicubic') -> Dic
             block.shift_size = block.attn.shift_size = shift
             block.attn.window_size = new
             msa: WindowMSA = block.attn.w_msa
+            if hasattr(msa, 'cpb_mlp'):  # SwinV2: continuous position bias
+                device = msa.relative_position_index.device
+                msa.relative_position_index = relative_position_index(new, device=device)
+                msa.relative_coords_table = log_spaced_relative_coords(
+                    new, msa.pretrained_window_size, device=device)
+                msa.window_size, msa._bias_cache = new, None
+                continue
             old_table = msa.relative_position_bias_table
             table = resize_relative_position_bias_table(old_table.detach(), msa.window_size,
                                                         new, mode)

@@ -85,6 +85,13 @@ class PatchMerging(nn.Module):
 
     def forward(self, x: Tensor, hw_shape: HW) -> Tuple[Tensor, HW]:
         """[B, H*W, C] -> ([B, H'*W', C_out], (H', W')), H' = ceil(H / stride)."""
+        x, hw = self.neighbourhoods(x, hw_shape)
+        if self.norm is not None:
+            x = self.norm(x)
+        return linear(x, self.reduction.weight), hw
+
+    def neighbourhoods(self, x: Tensor, hw_shape: HW) -> Tuple[Tensor, HW]:
+        """[B, H*W, C] -> ([B, H'*W', 4C] concatenated 2x2 neighbourhoods, (H', W'))."""
         b, _, c = x.shape
         h, w = hw_shape
         s = self.stride
@@ -99,9 +106,7 @@ class PatchMerging(nn.Module):
             x = _corner_pad(x, (2, 2), (s, s))
             hh, ww = (x.shape[2] - 2) // s + 1, (x.shape[3] - 2) // s + 1
             x = F.unfold(x, kernel_size=2, stride=s).transpose(1, 2)
-        if self.norm is not None:
-            x = self.norm(x)
-        return linear(x, self.reduction.weight), (hh, ww)
+        return x, (hh, ww)
 
 
 class WindowMSA(nn.Module):
@@ -116,15 +121,27 @@ class WindowMSA(nn.Module):
         self.scale = qk_scale or (embed_dims // num_heads) ** -0.5
         self.attn_drop_rate = attn_drop_rate
         self.fused_attention = fused_attention
-        self.relative_position_bias_table = nn.Parameter(
-            torch.zeros(table_rows(self.window_size), num_heads))
         # Derived from the window size, so never saved and never read from a checkpoint.
         self.register_buffer('relative_position_index',
                              relative_position_index(self.window_size), persistent=False)
+        self.init_position_bias()
         self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop_rate)
         self._bias_cache = None
+
+    def init_position_bias(self) -> None:
+        """Create the parameters of the bias source (V1: the table; SwinV2 overrides)."""
+        self.relative_position_bias_table = nn.Parameter(
+            torch.zeros(table_rows(self.window_size), self.num_heads))
+
+    def qkv_projection_bias(self) -> Optional[Tensor]:
+        """Bias of the qkv projection [3C] (SwinV2 overrides: no bias on k)."""
+        return self.qkv.bias
+
+    def query_key(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor, float]:
+        """(q, k, logit scale) as attention takes them (SwinV2 overrides: cosine attention)."""
+        return q, k, self.scale
 
     def relative_position_bias(self) -> Tensor:
         """[heads, N, N] bias gathered from the table.
@@ -148,7 +165,8 @@ class WindowMSA(nn.Module):
 
         Returns [B * nW, N, C].
         """
-        return self.attend(self.qkv(x), mask, windows_per_image)
+        return self.attend(F.linear(x, self.qkv.weight, self.qkv_projection_bias()), mask,
+                           windows_per_image)
 
     def attend(self, qkv: Tensor, mask: Optional[Tensor] = None,
                windows_per_image: Optional[int] = None) -> Tensor:
@@ -157,7 +175,8 @@ class WindowMSA(nn.Module):
         c = c3 // 3
         qkv = qkv.reshape(bw, n, 3, self.num_heads, c // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        out = window_attention(q, k, v, self.relative_position_bias(), mask, self.scale,
+        q, k, scale = self.query_key(q, k)
+        out = window_attention(q, k, v, self.relative_position_bias(), mask, scale,
                                self.attn_drop_rate if self.training else 0.0,
                                fused=self.fused_attention, windows_per_image=windows_per_image)
         return self.proj_drop(linear(out, self.proj.weight, self.proj.bias))
@@ -174,7 +193,10 @@ class ShiftWindowMSA(nn.Module):
     def __init__(self, embed_dims: int, num_heads: int, window_size, shift_size=0,
                  qkv_bias: bool = True, qk_scale: Optional[float] = None,
                  attn_drop_rate: float = 0., proj_drop_rate: float = 0.,
-                 dropout_layer: Optional[dict] = None, fused_attention: bool = True):
+                 dropout_layer: Optional[dict] = None, fused_attention: bool = True,
+                 w_msa: Optional[WindowMSA] = None):
+        """``w_msa``: a window attention built by the caller (SwinV2's); the attention
+        arguments above are then unused."""
         super().__init__()
         self.window_size = to_window_tuple(window_size)
         shift = (shift_size, shift_size) if isinstance(shift_size, int) else tuple(shift_size)
@@ -182,8 +204,9 @@ class ShiftWindowMSA(nn.Module):
             raise ValueError(f'shift_size must be in [0, window) per side, got {shift_size!r} '
                              f'for window {self.window_size}')
         self.shift_size = shift
-        self.w_msa = WindowMSA(embed_dims, num_heads, self.window_size, qkv_bias, qk_scale,
-                               attn_drop_rate, proj_drop_rate, fused_attention)
+        self.w_msa = w_msa if w_msa is not None else WindowMSA(
+            embed_dims, num_heads, self.window_size, qkv_bias, qk_scale, attn_drop_rate,
+            proj_drop_rate, fused_attention)
         self.drop = build_dropout(dropout_layer or dict(type='DropPath', drop_prob=0.))
 
     def plan(self, hw_shape: HW, valid_hw: Optional[HW], like: Tensor) -> WindowPlan:
@@ -200,13 +223,15 @@ class ShiftWindowMSA(nn.Module):
                                   torch.float32)
 
     def forward(self, query: Tensor, hw_shape: HW, plan: Optional[WindowPlan] = None,
-                norm: Optional[nn.Module] = None) -> Tensor:
+                norm: Optional[nn.Module] = None, post_norm: Optional[nn.Module] = None
+                ) -> Tensor:
         """query: [B, H*W, C] -> [B, H*W, C].
 
         Args:
             plan: from :meth:`plan` (built here if None).
             norm: applied to query first (the block's norm1); passing it here lets the norm
                 output be recomputed in backward instead of kept.
+            post_norm: applied to the attention output before drop path (res-post-norm).
         """
         b, length, c = query.shape
         h, w = hw_shape
@@ -225,11 +250,11 @@ class ShiftWindowMSA(nn.Module):
 
         qkv = linear_with_recomputed_input(
             query, to_windows, list(norm.parameters()) if norm is not None else [],
-            self.w_msa.qkv.weight, self.w_msa.qkv.bias)
+            self.w_msa.qkv.weight, self.w_msa.qkv_projection_bias())
         windows = self.w_msa.attend(qkv, plan.mask, plan.num_windows)
         x = gather_tokens(windows.view(b, -1, c), plan.scatter, plan.gather, False,
                           plan.needs_pad_row)
-        return self.drop(x)
+        return self.drop(x if post_norm is None else post_norm(x))
 
 
 class FFN(nn.Module):
@@ -250,13 +275,19 @@ class FFN(nn.Module):
         self.dropout_layer = build_dropout(dropout_layer or dict(type='DropPath', drop_prob=0.))
         self.ffn_drop = ffn_drop
 
-    def forward(self, x: Tensor, identity: Tensor, norm: Optional[nn.Module] = None) -> Tensor:
-        """x: [B, L, C] (norm input when norm is given); identity: the residual."""
+    def forward(self, x: Tensor, identity: Tensor, norm: Optional[nn.Module] = None,
+                post_norm: Optional[nn.Module] = None) -> Tensor:
+        """x: [B, L, C] (norm input when norm is given); identity: the residual.
+
+        post_norm: applied to the FFN output before drop path (res-post-norm).
+        """
         (fc1, act, drop1), fc2, drop2 = self.layers
         norm = norm if norm is not None else nn.Identity()
+        post_norm = post_norm if post_norm is not None else nn.Identity()
         if not torch.is_grad_enabled() and _is_exact_gelu(act):  # inference: GELU fused
             hidden = linear(norm(x), fc1.weight, fc1.bias, gelu=True)
-            return identity + self.dropout_layer(linear(hidden, fc2.weight, fc2.bias))
+            out = linear(hidden, fc2.weight, fc2.bias)
+            return identity + self.dropout_layer(post_norm(out))
         hidden = linear_with_recomputed_input(x, norm, list(norm.parameters()), fc1.weight,
                                               fc1.bias)
         if self.ffn_drop == 0:
@@ -264,7 +295,7 @@ class FFN(nn.Module):
                                                fc2.bias)
         else:
             out = drop2(fc2(drop1(act(hidden))))
-        return identity + self.dropout_layer(out)
+        return identity + self.dropout_layer(post_norm(out))
 
 
 def _is_exact_gelu(act: nn.Module) -> bool:
@@ -272,30 +303,39 @@ def _is_exact_gelu(act: nn.Module) -> bool:
 
 
 class SwinBlock(nn.Module):
-    """norm -> (S)W-MSA -> residual -> norm -> FFN -> residual."""
+    """norm -> (S)W-MSA -> residual -> norm -> FFN -> residual.
+
+    With ``post_norm`` (SwinV2's res-post-norm): (S)W-MSA -> norm -> residual -> FFN -> norm ->
+    residual; ``w_msa`` is then the caller's window attention (see ShiftWindowMSA).
+    """
 
     def __init__(self, embed_dims: int, num_heads: int, feedforward_channels: int,
                  window_size=7, shift: bool = False, qkv_bias: bool = True,
                  qk_scale: Optional[float] = None, drop_rate: float = 0.,
                  attn_drop_rate: float = 0., drop_path_rate: float = 0.,
                  act_cfg: Optional[dict] = None, norm_cfg: Optional[dict] = None,
-                 with_cp: bool = False, fused_attention: bool = True):
+                 with_cp: bool = False, fused_attention: bool = True, post_norm: bool = False,
+                 w_msa: Optional[WindowMSA] = None):
         super().__init__()
         window = to_window_tuple(window_size)
         self.with_cp = with_cp
+        self.post_norm = post_norm
         self.shift_size = (window[0] // 2, window[1] // 2) if shift else (0, 0)
         norm_cfg = norm_cfg or dict(type='LN')
         drop_path = dict(type='DropPath', drop_prob=drop_path_rate)
         self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
         self.attn = ShiftWindowMSA(embed_dims, num_heads, window, self.shift_size, qkv_bias,
                                    qk_scale, attn_drop_rate, drop_rate, drop_path,
-                                   fused_attention)
+                                   fused_attention, w_msa)
         self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
         self.ffn = FFN(embed_dims, feedforward_channels, act_cfg or dict(type='GELU'),
                        drop_rate, drop_path)
 
     def forward(self, x: Tensor, hw_shape: HW, plan: Optional[WindowPlan] = None) -> Tensor:
         def inner(x: Tensor) -> Tensor:
+            if self.post_norm:
+                x = x + self.attn(x, hw_shape, plan, post_norm=self.norm1)
+                return self.ffn(x, identity=x, post_norm=self.norm2)
             x = x + self.attn(x, hw_shape, plan, norm=self.norm1)
             return self.ffn(x, identity=x, norm=self.norm2)
 

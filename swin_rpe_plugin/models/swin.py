@@ -32,13 +32,13 @@ class SwinBlockSequence(nn.Module):
     def __init__(self, embed_dims: int, num_heads: int, feedforward_channels: int, depth: int,
                  window_size, drop_path_rate: Sequence[float],
                  downsample: Optional[PatchMerging] = None, mask_padding: bool = False,
-                 **block_kwargs):
+                 block_class: type = SwinBlock, **block_kwargs):
         super().__init__()
         self.window_size = to_window_tuple(window_size)
         self.mask_padding = mask_padding
         self.blocks = nn.ModuleList([
-            SwinBlock(embed_dims, num_heads, feedforward_channels, self.window_size,
-                      shift=i % 2 == 1, drop_path_rate=drop_path_rate[i], **block_kwargs)
+            block_class(embed_dims, num_heads, feedforward_channels, self.window_size,
+                        shift=i % 2 == 1, drop_path_rate=drop_path_rate[i], **block_kwargs)
             for i in range(depth)])
         self.downsample = downsample
 
@@ -76,6 +76,9 @@ class SwinTransformer(BaseModule):
     Forward: [B, in_channels, H, W] -> one [B, C_i, H_i, W_i] map per out index, with
     H_0 = ceil(H / patch_size) and H_i = ceil(H_{i-1} / strides[i]).
     """
+    # What SwinTransformerV2 swaps in; the stage skeleton is shared.
+    block_class = SwinBlock
+    merging_class = PatchMerging
 
     def __init__(self,
                  pretrain_img_size=224,
@@ -150,14 +153,14 @@ class SwinTransformer(BaseModule):
         for i in range(num_layers):
             downsample = None
             if i < num_layers - 1:
-                downsample = PatchMerging(channels, 2 * channels, strides[i + 1],
-                                          norm_cfg if patch_norm else None)
+                downsample = self.merging_class(channels, 2 * channels, strides[i + 1],
+                                                norm_cfg if patch_norm else None)
             self.stages.append(SwinBlockSequence(
                 channels, num_heads[i], int(mlp_ratio * channels), depths[i], self.window_size,
                 dpr[sum(depths[:i]):sum(depths[:i + 1])], downsample, mask_padding,
-                qkv_bias=qkv_bias, qk_scale=qk_scale, drop_rate=drop_rate,
+                self.block_class, qkv_bias=qkv_bias, qk_scale=qk_scale, drop_rate=drop_rate,
                 attn_drop_rate=attn_drop_rate, act_cfg=act_cfg, norm_cfg=norm_cfg,
-                with_cp=with_cp, fused_attention=fused_attention))
+                with_cp=with_cp, fused_attention=fused_attention, **self._block_options(i)))
             if downsample is not None:
                 channels = downsample.out_channels
 
@@ -167,6 +170,10 @@ class SwinTransformer(BaseModule):
         # Whatever loads a state dict (load_from, init_detector, a whole detector's
         # load_state_dict), bias tables saved at another window are resized to this one.
         self.register_load_state_dict_pre_hook(resize_bias_tables_on_load)
+
+    def _block_options(self, stage: int) -> dict:
+        """Extra keyword arguments for the blocks of a stage (SwinV2: its pretrained window)."""
+        return {}
 
     @property
     def out_channels(self) -> List[int]:

@@ -1,6 +1,8 @@
 """The functional core: plain tensor functions, torch only, no module state."""
 from .absolute_position import resize_absolute_pos_embed
 from .attention import window_attention
+from .continuous_position import (continuous_position_bias, log_spaced_relative_coords,
+                                  resolve_pretrained_window, scaled_cosine_query_key)
 from .masks import (MASK_VALUE, padding_key_mask,
                     shift_attention_mask, shift_region_labels, window_attention_mask)
 from .plan import WindowPlan, cached_window_plan, traceable_window_plan, window_plan
@@ -13,7 +15,9 @@ from .windows import (gather_tokens, pad_to_window, padded_size, window_partitio
                       window_unpartition)
 
 __all__ = [
-    'MASK_VALUE', 'WindowPlan', 'cached_window_plan', 'gather_relative_position_bias',
+    'MASK_VALUE', 'WindowPlan', 'cached_window_plan', 'continuous_position_bias',
+    'gather_relative_position_bias', 'log_spaced_relative_coords', 'resolve_pretrained_window',
+    'scaled_cosine_query_key',
     'gather_tokens', 'linear', 'linear_with_recomputed_input', 'onednn_available', 'window_plan',
     'pad_to_window', 'padded_size', 'padding_key_mask', 'relative_position_index',
     'resize_absolute_pos_embed', 'resize_relative_position_bias_table',

@@ -1,0 +1,36 @@
+# Mask R-CNN, SwinV2-T backbone (ours), FPN, 1x schedule, COCO: window 16 run from ImageNet-1k
+# weights trained with window 8 (swinv2_tiny_patch4_window8_256). The continuous position bias
+# needs no resizing: pretrained_window_size=8 tells it which coordinates the MLP was trained on.
+# The recipe of ./mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py (mmdet:: bases) with the backbone swapped.
+_base_ = ['./mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py']
+
+# Any format the loader reads (official, timm, torchvision, transformers, mmpretrain; see
+# docs/swinv2.md). Set to None to train from scratch. Nothing is downloaded when building.
+pretrained = 'checkpoints/swinv2_tiny_patch4_window8_256.pth'
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='swin_rpe_plugin.SwinTransformerV2',
+        pretrain_img_size=256,
+        embed_dims=96,
+        depths=[2, 2, 6, 2],
+        num_heads=[3, 6, 12, 24],
+        window_size=16,
+        pretrained_window_size=8,
+        mlp_ratio=4,
+        qkv_bias=True,
+        drop_rate=0.,
+        attn_drop_rate=0.,
+        drop_path_rate=0.2,
+        out_indices=(0, 1, 2, 3),
+        with_cp=False,
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained) if pretrained else None))
+
+# No weight decay on the position-bias MLP and the logit scales (as the official SwinV2 code),
+# nor on norms and position embeddings.
+optim_wrapper = dict(paramwise_cfg=dict(custom_keys={
+    'absolute_pos_embed': dict(decay_mult=0.),
+    'cpb_mlp': dict(decay_mult=0.),
+    'logit_scale': dict(decay_mult=0.),
+    'norm': dict(decay_mult=0.),
+}))
