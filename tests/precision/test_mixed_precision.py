@@ -135,3 +135,17 @@ def test_bf16_train_step_gradients_are_close_to_float32(backend):
         assert g.dtype == torch.float32 and torch.isfinite(g).all(), name
         err = rel_err(g, grads['fp32'][name])
         assert err < BF16_GRAD_REL_ERR, (name, err)
+
+
+def test_inference_reuses_bf16_weight_copies_until_the_weight_changes():
+    from swin_rpe_plugin.ops.linear import _CASTS
+    x, w = torch.randn(4, 8), torch.randn(6, 8)
+    with torch.no_grad(), bf16():
+        first = linear(x, w)
+        copy = _CASTS[w][1]
+        assert linear(x, w).equal(first) and _CASTS[w][1] is copy  # reused
+        w.mul_(2)  # an optimizer step or load_state_dict changes the weight in place
+        second = linear(x, w)
+    assert _CASTS[w][1] is not copy
+    ref = F.linear(x.bfloat16().float(), w.bfloat16().float())
+    assert torch.allclose(second.float(), ref, rtol=2**-8, atol=1e-3)
