@@ -98,7 +98,8 @@ def test_kernel_choice_is_a_fixed_rule_and_can_be_forced(monkeypatch):
 def test_forced_kernel_serves_every_product(kernel, monkeypatch):
     """The forced library computes the forward product and the input gradient."""
     from swin_rpe_plugin.ops.dispatch import force_kernel
-    from swin_rpe_plugin.ops import linear as linear_mod
+    import importlib
+    linear_mod = importlib.import_module('swin_rpe_plugin.ops.linear')
     calls = []
     real = linear_mod._onednn
     monkeypatch.setattr(linear_mod, '_onednn', lambda *a, **k: calls.append(1) or real(*a, **k))
