@@ -9,7 +9,6 @@ from mmengine.runner import Runner
 from swin_rpe_plugin import SwinTransformer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.environ.get('SWIN_RPE_SHARED', os.path.join(os.path.dirname(ROOT), 'shared'))
 REFERENCE = os.path.join(ROOT, 'tests', 'fixtures', 'reference', 'swin_rpe_reference.json')
 
 
