@@ -1,4 +1,4 @@
-"""Checkpoints saved by timm 1.0, torchvision 0.29 and transformers 5.x load through our loader
+"""Checkpoints saved by timm 1.0, torchvision 0.28 and transformers 5.x load through our loader
 and reproduce those libraries' own stage outputs (the committed fixtures of ``tests/fixtures/swin``,
 made by ``tests/fixtures/make_swin_fixtures.py``; see the README there).
 
