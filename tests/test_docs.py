@@ -28,8 +28,8 @@ NOT_CHECKED = ('pip', 'git', 'cd', 'lscpu')  # other programs' commands: nothing
 FENCE = re.compile(r'^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)[ \t]*\n(?P<body>.*?)^(?P=indent)```',
                    re.S | re.M)
 INLINE = re.compile(r'(?<!`)`((?:[^`\n]|\n(?!\n))+)`(?!`)')  # within one paragraph
-LINK = re.compile(r'!?\[[^\]\n]*\]\((?P<target>[^)\s]+)\)')
-IMAGE = re.compile(r'!\[[^\]\n]*\]\((?P<target>[^)\s]+)\)')
+LINK = re.compile(r'!?\[[^\]]*\]\((?P<target>[^)\s]+)\)')
+IMAGE = re.compile(r'!\[[^\]]*\]\((?P<target>[^)\s]+)\)')
 REPO_PATH = re.compile(r'^(tools|configs|tests|swin_rpe_plugin|requirements|docs)/[\w./*{},-]*$')
 TYPE = re.compile(r"""type\s*=\s*['"]swin_rpe_plugin\.(\w+)['"]""")
 ENV_VAR = re.compile(r'\bSWIN_RPE_[A-Z0-9_]+\b')
@@ -238,7 +238,7 @@ def test_commands_are_found_where_they_are_documented():
     assert command_problems('tools/export_onnx.py C --out m.onnx [--part backbone|hat]')[0] \
         .startswith("tools/export_onnx.py --part: 'hat' is not one of")
     assert command_problems('tools/dist_train.sh C 2 --amp --nope') == [
-        'tools/train.py has no option --nope']
+        'tools/dist_train.sh has no option --nope']
     assert command_problems('make nope') == ['make nope: no such target in the Makefile']
     assert command_problems('make demo ARGS="--arch v3"')[0].startswith(
         "tools/demo.py --arch: 'v3' is not one of")
