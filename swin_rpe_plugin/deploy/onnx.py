@@ -139,27 +139,15 @@ def export_onnx(module: nn.Module, example: torch.Tensor, path: str, exporter: s
                           input_names=['input'], output_names=names, dynamic_axes=axes)
 
 
-def onnxruntime_session(path: str, threads: Optional[int] = None):
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
-
-
 def verify_onnx(path: str, module: nn.Module, inputs: Sequence[torch.Tensor],
                 session=None) -> List[Dict]:
     """Run the file in ONNX Runtime on each input; per input, the max abs diff per output."""
-    session = session or onnxruntime_session(path)
-    name = session.get_inputs()[0].name
-    results = []
-    for x in inputs:
-        with torch.no_grad():
-            expected = module(x)
-        got = session.run(None, {name: x.numpy()})
-        if len(got) != len(expected):
-            raise RuntimeError(f'{path}: {len(got)} outputs, PyTorch gives {len(expected)}')
-        diffs = [float((torch.from_numpy(g) - e).abs().max()) if g.shape == tuple(e.shape)
-                 else float('inf') for g, e in zip(got, expected)]
-        results.append(dict(shape=list(x.shape), max_abs_diff=diffs))
-    return results
+    from .runtimes import get_runtime, verify
+    if session is None:
+        run = get_runtime('onnxruntime').load(path)
+    else:
+        name = session.get_inputs()[0].name
+
+        def run(images):
+            return session.run(None, {name: images})
+    return verify(run, module, inputs)
