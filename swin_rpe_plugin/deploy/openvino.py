@@ -27,6 +27,11 @@ def cpu_capabilities() -> Tuple[str, ...]:
     return tuple(core().get_property('CPU', 'OPTIMIZATION_CAPABILITIES'))
 
 
+def version() -> str:
+    import openvino as ov
+    return ov.__version__.split('-')[0]
+
+
 def cpu_name() -> str:
     return str(core().get_property('CPU', 'FULL_DEVICE_NAME'))
 

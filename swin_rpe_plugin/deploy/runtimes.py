@@ -12,7 +12,7 @@ An adapter describes a runtime; it does not time or verify anything. ``load`` tu
 The benchmark runner (``analysis/``) and ``tools/export_onnx.py`` / ``tools/export_openvino.py``
 take a runtime by name from ``RUNTIMES``.
 """
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -138,27 +138,3 @@ def get_runtime(name: str) -> Runtime:
     if name not in RUNTIMES:
         raise ValueError(f'unknown runtime {name!r}: choose one of {", ".join(RUNTIMES)}')
     return RUNTIMES[name]
-
-
-def max_abs_diffs(got: Sequence[np.ndarray], expected: Sequence) -> List[float]:
-    """Per output, the max abs diff (inf where the shapes differ)."""
-    if len(got) != len(expected):
-        raise RuntimeError(f'{len(got)} outputs, PyTorch gives {len(expected)}')
-    diffs = []
-    for g, e in zip(got, expected):
-        e = np.asarray(e.detach().cpu().numpy() if hasattr(e, 'detach') else e)
-        diffs.append(float(np.abs(g - e).max()) if g.shape == e.shape else float('inf'))
-    return diffs
-
-
-def verify(run: RunFn, module, inputs: Sequence) -> List[Dict]:
-    """Run each input (torch tensors) through ``run`` and ``module``; per input, the max abs
-    diff per output."""
-    import torch
-    results = []
-    for x in inputs:
-        with torch.no_grad():
-            expected = module(x)
-        results.append(dict(shape=list(x.shape),
-                            max_abs_diff=max_abs_diffs(run(x.numpy()), expected)))
-    return results
