@@ -1,12 +1,24 @@
 """The runtime adapters run our dynamic ONNX export right at every size, on the real runtimes.
 
-Reference: eager PyTorch on the same weights."""
+Reference: eager PyTorch on the same weights. The tiny backbone is exported once per module
+(the classic exporter: a few seconds)."""
 import numpy as np
 import pytest
 import torch
 
-from swin_rpe_plugin.deploy import RUNTIMES, get_runtime, verify
+from swin_rpe_plugin.deploy import RUNTIMES, ExportPart, export_onnx, get_runtime, verify
 from swin_rpe_plugin.deploy import openvino as ovd
+from test_onnx_export import EXPORT_SIZE, tiny_backbone
+
+@pytest.fixture(scope='module')
+def tiny_export(tmp_path_factory):
+    """(ExportPart of a tiny 2-stage backbone, path of its dynamic ONNX export)."""
+    part = ExportPart(tiny_backbone(7, False, stages=2), 'backbone').eval()
+    path = str(tmp_path_factory.mktemp('tiny') / 'tiny_backbone.onnx')
+    example = torch.randn(*EXPORT_SIZE)
+    export_onnx(part, example, path, 'classic', output_names=part.output_names(example))
+    return part, path
+
 
 # export size, odd sides (window padding in both stages), another batch at a third size
 SIZES = [(1, 3, 64, 96), (1, 3, 97, 131), (3, 3, 45, 61)]
