@@ -27,10 +27,16 @@ def tool(*args):
 
 
 @pytest.fixture(scope='module')
-def trained(tmp_path_factory):
-    """The checkpoint tools/train.py saves after 2 iterations of the tiny Mask R-CNN."""
+def data(tmp_path_factory):
     root = str(tmp_path_factory.mktemp('data'))
-    make_synthetic_data(root, num_train=4, num_val=1, seed=1, progress=False)
+    make_synthetic_data(root, num_train=4, num_val=2, seed=1, progress=False)
+    return root
+
+
+@pytest.fixture(scope='module')
+def trained(data, tmp_path_factory):
+    """The checkpoint tools/train.py saves after 2 iterations of the tiny Mask R-CNN."""
+    root = data
     work = str(tmp_path_factory.mktemp('train'))
     opts = {**synthetic_options('mmdet', root), **short(2, warmup=1, batch=2)}
     proc = tool('tools/train.py', DET, '--work-dir', work, *options_argv(opts))
@@ -85,3 +91,32 @@ def test_a_backbone_checkpoint_exports_the_backbone_and_not_the_neck(trained, tm
     assert proc.stderr.strip().splitlines()[-1] == (
         f'error: {path} holds a backbone alone (16 tensors of the exported parts missing): '
         'give a whole-model checkpoint saved with this config, or export --part backbone')
+
+
+def test_trained_detector_in_openvino_f32_bf16_int8_and_its_metrics(trained, data, tmp_path):
+    from swin_rpe_plugin.deploy import openvino as ovd
+    out = str(tmp_path / 'neck.onnx')
+    proc = tool('tools/export_onnx.py', DET, '--checkpoint', trained, '--out', out, '--part',
+                'neck', '--shape', '128', '160', '--exporter', 'classic', '--openvino', '--int8',
+                os.path.join(data, 'coco', 'train'), '--calibration-count', '2', '--evaluate',
+                os.path.join(data, 'coco'))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    for name in ('neck.xml', 'neck.bin', 'neck_int8.xml', 'neck_int8.bin'):
+        assert os.path.isfile(tmp_path / name), name
+    f32 = [l for l in lines if l.startswith('openvino f32 vs pytorch at ')]
+    assert [l.split(': ')[0].rsplit(' ', 1)[1] for l in f32] == [
+        '1x3x128x160', '1x3x97x201', '2x3x67x89']
+    assert all(float(l.split('max abs diff ')[1].split(',')[0]) <= 1e-4 for l in f32), f32
+    native = 'BF16' in ovd.cpu_capabilities()
+    assert any(l.startswith('bf16 hint: this CPU has ' + ('native bf16' if native else
+                                                          'no native bf16')) for l in lines)
+    int8, = [l for l in lines if l.startswith('openvino int8 vs pytorch at ')]
+    assert int8.split(': ')[0].endswith('at 2x3x128x160')  # the 2 images it did not calibrate on
+    metrics = {l.split(': ')[0]: l.split(': ')[1] for l in lines if l.startswith('neck in ')}
+    assert list(metrics) == ['neck in eager fp32', 'neck in openvino f32', 'neck in openvino int8']
+    eager = dict(kv.split('=') for kv in metrics['neck in eager fp32'].split(', '))
+    assert 'coco/bbox_mAP' in eager
+    f32 = dict(kv.split('=') for kv in metrics['neck in openvino f32'].split(', '))
+    assert list(f32) == list(eager)
+    assert all(abs(float(f32[k].split(' ')[0]) - float(eager[k])) <= 1e-3 for k in eager)
