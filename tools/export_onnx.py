@@ -49,7 +49,7 @@ def openvino_checks(args, module, inputs) -> float:
     """Write the IR (and int8 IR), print each precision's check; the f32 worst diff."""
     from swin_rpe_plugin.deploy import openvino as ovd
     from swin_rpe_plugin.deploy.calibration import calibration_batches
-    from swin_rpe_plugin.deploy.openvino_check import bf16_note, check, quantize
+    from swin_rpe_plugin.deploy.openvino_check import bf16_note, check, float64_note, quantize
     model = ovd.read_onnx(args.out)
     base = os.path.splitext(args.out)[0]
     ovd.save_ir(model, base + '.xml')
@@ -57,7 +57,11 @@ def openvino_checks(args, module, inputs) -> float:
           f'{", ".join(ovd.dynamic_dims(model))}, CPU: {ovd.cpu_name()}')
     f32 = check(model, module, inputs, 'f32', args.threads)
     bf16 = check(model, module, inputs, 'bf16', args.threads)
-    print('\n'.join(f32.lines() + bf16.lines() + [bf16_note(bf16)]))
+    print('\n'.join(f32.lines()))
+    for x, diffs in zip(inputs, f32.max_abs_diff):
+        if max(diffs) > args.tolerance:
+            print(float64_note(module, model, x))
+    print('\n'.join(bf16.lines() + [bf16_note(bf16)]))
     if args.int8:
         # int8 is judged on images of the same folder that did not calibrate it (noise is
         # not what it was calibrated for); the f32 IR on the same images is the baseline

@@ -55,6 +55,24 @@ def check(model, module: torch.nn.Module, inputs: Sequence[torch.Tensor], precis
     return PrecisionCheck(precision, ran_as, [list(x.shape) for x in inputs], diffs, agree)
 
 
+def float64_note(module: torch.nn.Module, model, x: torch.Tensor) -> str:
+    """Where OpenVINO f32 and eager fp32 disagree by more than the tolerance, which of them is
+    nearer the exact result: both against ``module`` run in float64 on ``x``."""
+    import copy
+    exact = copy.deepcopy(module).double()
+    with torch.no_grad():
+        reference = [t.numpy() for t in exact(x.double())]
+        eager = module(x)
+    got = ovd.compile_run(model, 'f32')(x.numpy())
+    eager_err = max(max_abs_diffs([e.numpy() for e in eager], reference))
+    ov_err = max(max_abs_diffs(got, reference))
+    return (f'float64 reference at {"x".join(map(str, x.shape))}: eager fp32 is {eager_err:.1e} '
+            f'from it, OpenVINO f32 {ov_err:.1e} (fp32 rounding of this model at this input, '
+            'in opposite directions)' if ov_err <= eager_err else
+            f'float64 reference at {"x".join(map(str, x.shape))}: OpenVINO f32 is {ov_err:.1e} '
+            f'from it, eager fp32 {eager_err:.1e}: OpenVINO is the less exact')
+
+
 def bf16_note(result: PrecisionCheck) -> str:
     caps = ovd.cpu_capabilities()
     if 'BF16' in caps:
