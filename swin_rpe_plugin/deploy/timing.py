@@ -58,7 +58,7 @@ def _median_ms(runs: Dict[str, Callable], x, repeats: int) -> Dict[str, float]:
 
 def deployment_timings(cases: Sequence[Tuple[Tuple[int, int], int]] = CASES, repeats: int = 5,
                        threads: int = 2, calibration: Optional[str] = None,
-                       exporter: str = 'dynamo') -> List[dict]:
+                       exporter: str = 'classic') -> List[dict]:
     from ..analysis.benchmark import build_pair
     torch.set_num_threads(threads)
     stock, ours = build_pair('tiny')
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     p.add_argument('--threads', type=int, default=2)
     p.add_argument('--repeats', type=int, default=5)
     p.add_argument('--calibration', help='a folder of images to calibrate int8 on')
-    p.add_argument('--exporter', choices=('dynamo', 'classic'), default='dynamo')
+    p.add_argument('--exporter', choices=('dynamo', 'classic'), default='classic')
     p.add_argument('--out', help='also write the records to this JSON file')
     args = p.parse_args(argv)
     from .openvino import cpu_capabilities, cpu_name, version
