@@ -120,3 +120,15 @@ def test_trained_detector_in_openvino_f32_bf16_int8_and_its_metrics(trained, dat
     f32 = dict(kv.split('=') for kv in metrics['neck in openvino f32'].split(', '))
     assert list(f32) == list(eager)
     assert all(abs(float(f32[k].split(' ')[0]) - float(eager[k])) <= 1e-3 for k in eager)
+
+
+def test_a_checkpoint_of_another_shape_is_refused_by_key(trained, tmp_path):
+    from swin_rpe_plugin.deploy import build_export_part
+    ckpt = read_checkpoint(trained)
+    key = 'neck.lateral_convs.0.conv.weight'
+    ckpt['state_dict'][key] = ckpt['state_dict'][key][:32]
+    path = str(tmp_path / 'other.pth')
+    torch.save({'state_dict': ckpt['state_dict']}, path)
+    with pytest.raises(ValueError, match=r'neck\.lateral_convs\.0\.conv\.weight has shape '
+                       r'\(32, 32, 1, 1\) in the checkpoint and \(64, 32, 1, 1\) in the model'):
+        build_export_part(DET, 'neck', path)
