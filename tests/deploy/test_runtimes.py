@@ -87,3 +87,14 @@ def test_int8_quantizes_and_stays_close(tiny_export):
         cosine = float(g @ e / np.linalg.norm(g) / np.linalg.norm(e))
         assert cosine >= 0.98, cosine  # quantized, so not equal ...
         assert np.abs(g - e).max() > 1e-4  # ... and not f32 in disguise
+
+
+def test_a_fixed_size_file_at_another_size_is_a_one_line_error(tmp_path):
+    part = ExportPart(tiny_backbone(7, False, stages=2), 'backbone').eval()
+    path = str(tmp_path / 'fixed.onnx')
+    export_onnx(part, torch.randn(1, 3, 32, 48), path, 'dynamo', dynamic_hw=False)
+    run = get_runtime('openvino').load(path)
+    assert len(run(np.zeros((2, 3, 32, 48), np.float32))) == 2  # the batch stays dynamic
+    with pytest.raises(ValueError, match=r'^OpenVINO cannot run input \[1, 3, 40, 48\]: ') as err:
+        run(np.zeros((1, 3, 40, 48), np.float32))
+    assert '\n' not in str(err.value)
