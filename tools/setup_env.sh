@@ -15,7 +15,7 @@ cache=${SWIN_RPE_WHEEL_CACHE:-$HOME/.cache/swin_rpe_plugin/wheels}/torch-$torch_
 stamp=$venv/.setup-stamp
 want=$(cat requirements/*.txt setup.py tools/setup_env.sh | sha256sum | cut -d' ' -f1)
 
-check='import mmcv.ops; mmcv.ops.nms; import mmdet, mmseg, swin_rpe_plugin'
+check='import mmcv.ops; mmcv.ops.nms; import mmdet, mmseg, swin_rpe_plugin, openvino, nncf'
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
     && "$venv/bin/python" -c "$check" 2>/dev/null; then
   echo "setup: .venv is up to date"
@@ -40,7 +40,8 @@ if ! ls "$cache"/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
 fi
 
 "${pip[@]}" --find-links "$cache" --only-binary mmcv \
-  -c requirements/constraints.txt -r requirements/runtime.txt -r requirements/tests.txt
+  -c requirements/constraints.txt -r requirements/runtime.txt -r requirements/tests.txt \
+  -r requirements/deploy.txt
 "${pip[@]}" --no-deps --no-build-isolation -e .
 "$venv/bin/python" -c "$check; print('setup: mmcv.ops, mmdet, mmseg import cleanly')"
 echo "$want" > "$stamp"
