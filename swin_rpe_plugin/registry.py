@@ -3,6 +3,7 @@
 This is the only glue to the OpenMMLab registries. mmdet's and mmseg's registries are siblings
 under the same roots, so both build ``dict(type='swin_rpe_plugin.SwinTransformer')`` (and
 ``custom_hooks=[dict(type='swin_rpe_plugin.PaddingAwareHook')]``,
+``dict(type='swin_rpe_plugin.RNGStateHook')``,
 ``optim_wrapper=dict(type='swin_rpe_plugin.AutocastOptimWrapper')``) once this package is
 imported (``custom_imports=dict(imports=['swin_rpe_plugin'])``).
 """
@@ -13,7 +14,8 @@ from mmengine.registry import Registry
 
 MODELS = Registry('model', parent=MMENGINE_MODELS, scope='swin_rpe_plugin',
                   locations=['swin_rpe_plugin.models'])
+# RNGStateHook lives in engine/ (a training concern) and is imported when a config builds it.
 HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='swin_rpe_plugin',
-                 locations=['swin_rpe_plugin.models'])
+                 locations=['swin_rpe_plugin.models', 'swin_rpe_plugin.engine.rng_state'])
 OPTIM_WRAPPERS = Registry('optim_wrapper', parent=MMENGINE_OPTIM_WRAPPERS,
                           scope='swin_rpe_plugin', locations=['swin_rpe_plugin.optim'])

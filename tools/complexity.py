@@ -100,12 +100,15 @@ def main(argv=None) -> dict:
         if not args.shape:
             print('error: --config needs --shape H W (e.g. 800 1280 for COCO)', file=sys.stderr)
             sys.exit(2)
-        if not os.path.isfile(args.config):
-            print(f'error: --config: config file not found: {args.config!r}', file=sys.stderr)
+        from swin_rpe_plugin.engine import UsageError, load_config
+        options = {'model.backbone.fused_attention': False} if args.explicit_attention else {}
+        try:  # a missing file or a config mmengine cannot merge: one line
+            cfg = load_config(args.config, options)
+        except UsageError as err:
+            print(f'error: --config: {err}', file=sys.stderr)
             sys.exit(2)
         hw = tuple(args.shape)
-        options = {'model.backbone.fused_attention': False} if args.explicit_attention else {}
-        model = build_from_config(args.config, options)
+        model = build_from_config(cfg)
         inputs, samples = config_inputs(model, hw)
         # The get_flops recipe of mmdet/mmseg: trace forward(inputs, data_samples, 'tensor').
         model.forward = lambda x, _f=model.forward: _f(x, samples, mode='tensor')

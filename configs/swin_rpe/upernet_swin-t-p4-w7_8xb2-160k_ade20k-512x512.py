@@ -7,6 +7,8 @@ _base_ = [
     'mmseg::_base_/schedules/schedule_160k.py',
 ]
 custom_imports = dict(imports=['swin_rpe_plugin'], allow_failed_imports=False)
+# Checkpoints carry the RNG states: resume is exact with drop path and dropout on.
+custom_hooks = [dict(type='swin_rpe_plugin.RNGStateHook')]
 
 crop_size = (512, 512)
 data_preprocessor = dict(size=crop_size)

@@ -8,6 +8,8 @@ _base_ = [
 ]
 custom_imports = dict(imports=['swin_rpe_plugin', 'swin_rpe_plugin.datasets.coco_shapes'],
                       allow_failed_imports=False)
+# Checkpoints carry the RNG states: resume is exact with drop path and dropout on.
+custom_hooks = [dict(type='swin_rpe_plugin.RNGStateHook')]
 
 num_classes = 4
 image_size = (128, 128)

@@ -9,6 +9,8 @@ _base_ = [
 ]
 custom_imports = dict(imports=['swin_rpe_plugin', 'swin_rpe_plugin.datasets.ade_shapes'],
                       allow_failed_imports=False)
+# Checkpoints carry the RNG states: resume is exact with drop path and dropout on.
+custom_hooks = [dict(type='swin_rpe_plugin.RNGStateHook')]
 
 num_classes = 5  # background + 4 shapes (label map values 1..5; 0 is ignored)
 crop_size = (128, 128)

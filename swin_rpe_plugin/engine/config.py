@@ -35,14 +35,40 @@ class CheckpointMismatchError(UsageError, ValueError):
     """A checkpoint whose keys or shapes do not fit the model."""
 
 
+class ConfigError(UsageError, ValueError):
+    """A config file that mmengine cannot read or merge (syntax, inheritance, --cfg-options)."""
+
+
+# mmengine's own messages name the key; these say what to do where the message does not.
+_CONFIG_FIXES = (
+    ('cannot inherit from base', ''),  # mmengine's message already says `_delete_=True`
+    ('invalid syntax', 'fix the Python syntax at the line named'),
+    ('is not defined', "a name the config uses is not defined: define it, or take it from the "
+                       "base with {{_base_.NAME}}"),
+)
+
+
+def _config_error(path: str, err: Exception) -> ConfigError:
+    message = ' '.join(str(err).split())  # mmengine's messages span lines
+    if isinstance(err, SyntaxError) and err.lineno:
+        message = f'{err.msg} (line {err.lineno} of {err.filename or path})'
+    fix = next((f for key, f in _CONFIG_FIXES if key in message), 'fix the key it names')
+    return ConfigError(f'config {path!r}: {type(err).__name__}: {message}'
+                       + (f'; {fix}' if fix else ''))
+
+
 def load_config(path: str, cfg_options: Optional[dict] = None,
                 work_dir: Optional[str] = None) -> Config:
     """Read ``path``, merge options, set ``work_dir`` (CLI > config > ./work_dirs/<name>)."""
     if not osp.isfile(path):
         raise MissingPathError(f'config file not found: {path!r}')
-    cfg = Config.fromfile(path)
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
+    try:
+        cfg = Config.fromfile(path)
+        if cfg_options:
+            cfg.merge_from_dict(cfg_options)
+    except (SyntaxError, TypeError, KeyError, ValueError, NameError, AttributeError,
+            ImportError, FileNotFoundError) as err:  # mmengine raises these for bad configs
+        raise _config_error(path, err) from err
     if work_dir is not None:
         cfg.work_dir = work_dir
     elif cfg.get('work_dir') is None:

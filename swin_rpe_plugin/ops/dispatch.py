@@ -14,23 +14,32 @@ dtype inside an autocast region. Functions that bypass autocast (custom autograd
 oneDNN ops) cast to it themselves, so autocast means the same on every path.
 
 Kernel choices (:func:`choose_kernel`): where two libraries compute the same product (oneDNN's
-matmul or MKL's sgemm behind ``F.linear``), the first call of each shape times both on its
-real operands and the faster one serves that shape for the rest of the process. On AMD CPUs
-MKL takes a slow path and oneDNN wins; on Intel they are close and it varies by shape.
-``SWIN_RPE_LINEAR=onednn|mkl`` (or :func:`force_kernel`) forces one; tests run each.
+matmul or MKL's sgemm behind ``F.linear``), a fixed rule per kind, device and dtype picks one
+(:data:`KERNEL_RULES`): oneDNN for CPU linears in float32 and bfloat16. They sum in different
+orders, so the choice must never depend on timing: an earlier version timed both at first use
+per shape and process, and on CPUs where the two are close (AMD Zen 5) two runs with one seed
+picked differently and ended with different weights. A choice measured once and stored per CPU
+model was the other option; it was rejected because the gain it chased was small (on the Intel
+AMX machine training was 1.04-1.06x mmdet with the measured choice, against oneDNN's 200-240
+vs MKL's 55-110 GFLOP/s per core on AMD, where MKL takes a slow path), while a stored decision
+is state outside the repository that differs between two machines of one model and needs a
+reset path. oneDNN is also what inductor emits for CPU linears. The rule gives the same kernel
+for every shape in every process, so ``torch.use_deterministic_algorithms(True)`` (and mmengine's
+``randomness.deterministic=True``) needs nothing more here: every CPU kernel on these paths is
+run-to-run deterministic at a fixed thread count. ``SWIN_RPE_LINEAR=onednn|mkl`` (or
+:func:`force_kernel`) forces one; tests run each.
 
 Imports torch only.
 """
 import contextlib
 import os
-import time
 from typing import Callable, Dict, Iterator, Optional
 
 import torch
 from torch import Tensor
 
 __all__ = ['BACKENDS', 'backend', 'force_backend', 'use_cpu_fast_paths', 'compute_dtype',
-           'is_tracing', 'KERNELS', 'choose_kernel', 'force_kernel', 'kernel_choices']
+           'is_tracing', 'KERNELS', 'KERNEL_RULES', 'choose_kernel', 'force_kernel']
 
 BACKENDS = ('auto', 'generic')
 _forced = [None]  # set by force_backend; None defers to the environment variable
@@ -85,8 +94,12 @@ def compute_dtype(x: Tensor) -> torch.dtype:
 
 
 KERNELS = {'linear': ('onednn', 'mkl')}
+# (kind, device type, dtype) -> kernel; anything not listed takes the kind's first kernel.
+KERNEL_RULES: Dict[tuple, str] = {
+    ('linear', 'cpu', torch.float32): 'onednn',
+    ('linear', 'cpu', torch.bfloat16): 'onednn',
+}
 _forced_kernels: Dict[str, Optional[str]] = {}
-_choices: Dict[tuple, str] = {}
 
 
 def _forced_kernel(kind: str) -> Optional[str]:
@@ -99,7 +112,7 @@ def _forced_kernel(kind: str) -> Optional[str]:
 
 @contextlib.contextmanager
 def force_kernel(kind: str, name: Optional[str]) -> Iterator[None]:
-    """Use kernel ``name`` for ``kind`` in the enclosed code (None: measure)."""
+    """Use kernel ``name`` for ``kind`` in the enclosed code (None: the rule's)."""
     if name is not None and name not in KERNELS[kind]:
         raise ValueError(f'{kind} kernel must be one of {KERNELS[kind]}, got {name!r}')
     previous = _forced_kernels.get(kind)
@@ -110,28 +123,10 @@ def force_kernel(kind: str, name: Optional[str]) -> Iterator[None]:
         _forced_kernels[kind] = previous
 
 
-def choose_kernel(kind: str, key: tuple, candidates: Dict[str, Callable[[], object]]) -> str:
-    """The kernel of ``kind`` for ``key``: forced, cached, or measured now.
-
-    Measuring runs each candidate twice on the caller's operands and keeps the faster second
-    run (the first pays for allocation and oneDNN's primitive creation); the choice is cached
-    per (kind, key) for the process. Call it only outside autograd (under no_grad).
-    """
+def choose_kernel(kind: str, device_type: str, dtype: torch.dtype) -> str:
+    """The kernel of ``kind`` for products on ``device_type`` in ``dtype``: forced (by
+    :func:`force_kernel` or ``$SWIN_RPE_<KIND>``), else :data:`KERNEL_RULES`. Never timed."""
     forced = _forced_kernel(kind)
     if forced is not None:
         return forced
-    cache_key = (kind, ) + key
-    if cache_key not in _choices:
-        times = {}
-        for name, run in candidates.items():
-            run()
-            start = time.perf_counter()
-            run()
-            times[name] = time.perf_counter() - start
-        _choices[cache_key] = min(times, key=times.get)
-    return _choices[cache_key]
-
-
-def kernel_choices() -> Dict[tuple, str]:
-    """The choices measured so far, (kind, *key) -> kernel (for reports and tests)."""
-    return dict(_choices)
+    return KERNEL_RULES.get((kind, device_type, dtype), KERNELS[kind][0])

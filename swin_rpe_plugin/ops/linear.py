@@ -4,9 +4,9 @@
 this project's EPYC machine it reaches about 55-110 GFLOP/s per core where oneDNN's matmul
 (``torch.ops.mkldnn._linear_pointwise``, what inductor emits for CPU linears) reaches 200-240 on
 the shapes of a Swin block. The same fp32 products are summed in another order, so results
-agree with ``F.linear`` to float32 rounding. On Intel CPUs MKL is as fast, or faster for some
-shapes: each product shape takes the faster library, measured at first use
-(``dispatch.choose_kernel``). Under bf16 autocast the same op runs on bf16
+agree with ``F.linear`` to float32 rounding. On Intel CPUs MKL is about as fast. Which library
+serves a product is a fixed rule per device and dtype (``dispatch.choose_kernel``), never a
+measurement, so two processes with one seed compute bitwise the same. Under bf16 autocast the same op runs on bf16
 operands (what autocast would have chosen: bf16 products, float32 accumulation). Anything else
 (other devices, fp16, no oneDNN, the generic backend of ``dispatch.py``) runs ``F.linear``.
 
@@ -45,24 +45,11 @@ def _onednn(x: Tensor, weight: Tensor, bias: Optional[Tensor], attr: str = 'none
     return out.view(*shape[:-1], weight.shape[0])
 
 
-def _shape_key(direction: str, x: Tensor, weight: Tensor) -> tuple:
-    """Rows rounded up to a power of two, so a new image size rarely means a new measurement."""
-    rows = x.numel() // max(x.shape[-1], 1)
-    return (direction, 1 << max(rows - 1, 0).bit_length(), weight.shape[1], weight.shape[0],
-            x.dtype)
-
-
-def _product(x: Tensor, weight: Tensor, bias: Optional[Tensor], direction: str) -> Tensor:
-    """x @ weight.T (+ bias) by the faster of oneDNN and MKL for this shape (no autograd)."""
-    def onednn():
+def _product(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """x @ weight.T (+ bias) by the rule's library for x's device and dtype (no autograd)."""
+    if choose_kernel('linear', x.device.type, x.dtype) == 'onednn':
         return _onednn(x, weight, bias)
-
-    def mkl():
-        return F.linear(x, weight, bias)
-
-    kernel = choose_kernel('linear', _shape_key(direction, x, weight),
-                           {'onednn': onednn, 'mkl': mkl})
-    return onednn() if kernel == 'onednn' else mkl()
+    return F.linear(x, weight, bias)
 
 
 class _Linear(torch.autograd.Function):
@@ -71,7 +58,7 @@ class _Linear(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _product(x, weight, bias, 'forward')
+        return _product(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -79,7 +66,7 @@ class _Linear(torch.autograd.Function):
         grad_x = grad_w = grad_b = None
         grad2d = grad.reshape(-1, grad.shape[-1])
         if ctx.needs_input_grad[0]:
-            grad_x = _product(grad, weight.t(), None, 'grad_input')
+            grad_x = _product(grad, weight.t(), None)
         if ctx.needs_input_grad[1]:
             grad_w = grad2d.t() @ x.reshape(-1, x.shape[-1])
         if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -128,6 +115,6 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     if not needs_grad:
         if gelu:  # the fused epilogue is oneDNN's alone
             return _onednn(x, weight, bias, 'gelu')
-        return _product(x, weight, bias, 'forward')
+        return _product(x, weight, bias)
     out = _Linear.apply(x, weight, bias)
     return F.gelu(out) if gelu else out
