@@ -51,6 +51,9 @@ def parse_args(argv=None):
     p = ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--arch', choices=sorted(ARCHS) + list(V2_ARCHS), default='tiny',
                    help='v2-*: SwinV2 against transformers\' Swinv2Model (window 8)')
+    p.add_argument('--window', type=int,
+                   help='SwinV2 window (default 8); transformers shrinks it to any stage map not '
+                   'larger, ours never does, so parity needs maps larger than the window')
     p.add_argument('--shape', type=int, nargs=2, action='append', metavar=('H', 'W'),
                    help='repeatable; default 800 1216 (batch 1) and 512 512 (batch 2)')
     p.add_argument('--batch', type=int, help='batch for every shape (default 1 / 2 as above)')
@@ -90,6 +93,8 @@ def parse_args(argv=None):
             p.error(f'--shape must be positive, got {h} {w}')
     if args.repeats < 1 or args.threads < 1:
         p.error('--repeats and --threads must be >= 1')
+    if args.window is not None and (args.window < 1 or args.arch not in V2_ARCHS):
+        p.error('--window is for --arch v2-* and must be >= 1')
     if args.arch in V2_ARCHS and (args.runtime or args.detector):
         p.error(f'--runtime and --detector compare v1 backbones: drop them or use --arch tiny')
     return args
@@ -130,7 +135,8 @@ def jobs_of(args, dtypes):
     if args.arch in V2_ARCHS:
         from swin_rpe_plugin.analysis.benchmark_v2 import v2_comparison
         jobs += [(f'{s[0]}x{s[1]} b{b} {m} {d}',
-                  lambda s=s, b=b, m=m, d=d: v2_comparison(args.arch, s, b, m, d), True)
+                  lambda s=s, b=b, m=m, d=d: v2_comparison(args.arch, s, b, m, d,
+                                                           args.window or 8), True)
                  for d in dtypes for s, b in cases for m in modes]
         return jobs
     if not only:
