@@ -154,10 +154,15 @@ def jobs_of(args, dtypes):
                                                                 compile_model=True), False)
                      for s, b in cases[-1:] for m in modes]
     if args.detector and not args.runtime_only:
-        from swin_rpe_plugin.analysis.benchmark_detector import detector_comparison
-        jobs += [(f'{det} {s[0]}x{s[1]} {m} {d}',
-                  lambda det=det, s=s, m=m, d=d: detector_comparison(det, s, m, d), True)
-                 for det in args.detector for d in dtypes for s, _ in cases for m in modes]
+        from swin_rpe_plugin.analysis.benchmark_detector import (DEFAULT_CASES,
+                                                                  detector_comparison)
+        for det in args.detector:  # each model at its own size unless --shape says
+            det_cases = [(tuple(s), args.batch or DEFAULT_CASES[det][1]) for s in args.shape] \
+                if args.shape else [DEFAULT_CASES[det]]
+            jobs += [(f'{det} {s[0]}x{s[1]} b{b} {m} {d}',
+                      lambda det=det, s=s, b=b, m=m, d=d: detector_comparison(det, s, m, d, b),
+                      True)
+                     for d in dtypes for s, b in det_cases for m in modes]
     return jobs
 
 

@@ -25,7 +25,7 @@ import torch
 
 from .benchmark_runner import ChildStep, Comparison
 
-__all__ = ['DETECTOR_CONFIGS', 'build_detector', 'synthetic_batch', 'detector_step',
+__all__ = ['DETECTOR_CONFIGS', 'DEFAULT_CASES', 'build_detector', 'synthetic_batch', 'detector_step',
            'detector_comparison', 'detector_memory_step']
 
 DETECTOR_CONFIGS: Dict[str, Tuple[str, str]] = {
@@ -34,18 +34,22 @@ DETECTOR_CONFIGS: Dict[str, Tuple[str, str]] = {
                 'ade20k-512x512.py'),
 }
 NUM_OBJECTS = 6
+# The size each model is measured at unless told: COCO's test scale for Mask R-CNN (one image),
+# the ADE20K crop for UperNet (two: its pyramid pooling's BatchNorm needs more than one value per
+# channel in training).
+DEFAULT_CASES = {'mask-rcnn': ((800, 1216), 1), 'upernet': ((512, 512), 2)}
 
 
 def build_detector(name: str, which: str, state_dict=None) -> torch.nn.Module:
     """The stock model of ``DETECTOR_CONFIGS[name]`` ('mmdet' side: its own Swin) or ours
     (``which='ours'``: our backbone swapped in), seeded, optionally loading ``state_dict``."""
-    from mmengine.config import Config
+    from mmengine.hub import get_config
     from mmengine.model import revert_sync_batchnorm
     from mmengine.registry import MODELS, init_default_scope
     if name not in DETECTOR_CONFIGS:
         raise ValueError(f'detector {name!r} is not one of {sorted(DETECTOR_CONFIGS)}')
     scope, path = DETECTOR_CONFIGS[name]
-    cfg = Config.fromfile(path)
+    cfg = get_config(path)  # 'mmdet::...': the installed toolkit's own file
     cfg.model.pop('pretrained', None)
     backbone = cfg.model.backbone
     backbone.pop('init_cfg', None), backbone.pop('pretrained', None)
@@ -62,10 +66,18 @@ def build_detector(name: str, which: str, state_dict=None) -> torch.nn.Module:
 
 
 def synthetic_batch(model: torch.nn.Module, shape: Tuple[int, int], training: bool,
-                    seed: int = 0) -> dict:
-    """One [3, H, W] image of random pixels with NUM_OBJECTS rectangles as boxes + masks
-    (detectors) or as classes of a seg map (segmentors), through the model's preprocessor."""
+                    batch: int = 1, seed: int = 0) -> dict:
+    """``batch`` [3, H, W] images of random pixels, each with NUM_OBJECTS rectangles as boxes +
+    masks (detectors) or as classes of a seg map (segmentors), through the preprocessor."""
     g = torch.Generator().manual_seed(seed)
+    images, samples = [], []
+    for _ in range(batch):
+        image, sample = _synthetic_image(model, shape, g)
+        images.append(image), samples.append(sample)
+    return model.data_preprocessor(dict(inputs=images, data_samples=samples), training)
+
+
+def _synthetic_image(model: torch.nn.Module, shape: Tuple[int, int], g: torch.Generator):
     h, w = shape
     image = torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8)
     y0 = torch.randint(0, h // 2, (NUM_OBJECTS, ), generator=g)
@@ -93,7 +105,7 @@ def synthetic_batch(model: torch.nn.Module, shape: Tuple[int, int], training: bo
         sample.gt_instances = InstanceData(
             bboxes=torch.stack([x0, y0, x1, y1], 1).float(), labels=labels,
             masks=BitmapMasks(masks.numpy(), h, w))
-    return model.data_preprocessor(dict(inputs=[image], data_samples=[sample]), training)
+    return image, sample
 
 
 def _optim_wrapper(model: torch.nn.Module, dtype: str):
@@ -162,26 +174,30 @@ def _weights_file(state_dict) -> str:
     return path
 
 
-def detector_memory_step(name: str, which: str, shape, mode: str, dtype: str, weights: str):
+def detector_memory_step(name: str, which: str, shape, batch: int, mode: str, dtype: str,
+                         weights: str):
     """(step, data) of one side, built alone; weights are memory-mapped and released before the
     step, so the child's resident size before it holds one model."""
     state = torch.load(weights, mmap=True, weights_only=True)
     model = build_detector(name, which, state)
     del state
     return (detector_step(model, mode, dtype),
-            synthetic_batch(model, tuple(shape), mode == 'train'))
+            synthetic_batch(model, tuple(shape), mode == 'train', batch))
 
 
-def detector_comparison(name: str, shape: Tuple[int, int], mode: str,
-                        dtype: str = 'fp32') -> Comparison:
+def detector_comparison(name: str, shape: Tuple[int, int], mode: str, dtype: str = 'fp32',
+                        batch: int = 1) -> Comparison:
     """The stock model against the same model with our backbone, same weights and input.
 
     max_abs_diff: the largest difference of the backbone + neck features (tensor mode on the
     same batch, ``dtype``'s autocast on backbone and neck) between the two.
     """
+    if name == 'upernet' and mode == 'train' and batch < 2:
+        raise ValueError('UperNet trains with batch >= 2 (its pyramid pooling BatchNorm sees one '
+                         'value per channel with one image): pass batch 2')
     stock = build_detector(name, 'mmdet')
     ours = build_detector(name, 'ours', stock.state_dict())
-    data = synthetic_batch(stock, shape, mode == 'train')
+    data = synthetic_batch(stock, shape, mode == 'train', batch)
     stock.eval(), ours.eval()
     feats = []
     for model in (stock, ours):
@@ -190,11 +206,12 @@ def detector_comparison(name: str, shape: Tuple[int, int], mode: str,
     diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(*feats))
     weights = _weights_file(stock.state_dict())
     memory = {which: ChildStep(f'{__name__}:detector_memory_step',
-                               dict(name=name, which=which, shape=list(shape), mode=mode,
-                                    dtype=dtype, weights=weights))
+                               dict(name=name, which=which, shape=list(shape), batch=batch,
+                                    mode=mode, dtype=dtype, weights=weights))
               for which in ('mmdet', 'ours')}
     gflops = model_gflops(stock, shape) * (3 if mode == 'train' else 1)
-    key = dict(kind='detector', arch=name, shape=list(shape), batch=1, mode=mode, dtype=dtype)
+    key = dict(kind='detector', arch=name, shape=list(shape), batch=batch, mode=mode,
+               dtype=dtype)
     steps = {'mmdet': detector_step(stock, mode, dtype), 'ours': detector_step(ours, mode, dtype)}
     return Comparison(key, steps, data, baseline='mmdet', gflops=gflops, roof_dtype=dtype,
                       checks=dict(max_abs_diff=diff), memory=memory)

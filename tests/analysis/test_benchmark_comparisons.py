@@ -121,18 +121,19 @@ def test_v2_against_transformers(tmp_path):
         assert r['transformers_peak_mb'] > 0 and r['ours_peak_mb'] > 0
 
 
-@pytest.mark.parametrize('name, shape', [('mask-rcnn', (96, 128)), ('upernet', (64, 96))])
-def test_whole_models_same_weights_predict_and_train(name, shape):
+@pytest.mark.parametrize('name, shape, batch', [('mask-rcnn', (96, 128), 1),
+                                                ('upernet', (64, 96), 2)])
+def test_whole_models_same_weights_predict_and_train(name, shape, batch):
     from swin_rpe_plugin.analysis.benchmark_detector import detector_comparison
     from swin_rpe_plugin.analysis.benchmark_runner import run_comparison
     for mode in ('infer', 'train'):
-        c = detector_comparison(name, shape, mode)
+        c = detector_comparison(name, shape, mode, batch=batch)
         assert c.checks['max_abs_diff'] < 1e-4  # backbone + neck features, same weights
         r = run_comparison(c, repeats=1, threads=torch.get_num_threads(),
                            measure_memory=mode == 'train')
         r.update(cpu='test', threads=1)
         assert {k: r[k] for k in CASE} == dict(kind='detector', arch=name, shape=list(shape),
-                                               batch=1, mode=mode, dtype='fp32')
+                                               batch=batch, mode=mode, dtype='fp32')
         check_record(r, 'mmdet')
         if mode == 'train':
             assert r['mmdet_peak_mb'] > 0 and r['ours_peak_mb'] > 0
