@@ -1,7 +1,12 @@
-"""Deployment: ONNX export of the backbone, backbone + neck, or a whole model in tensor mode,
-verified with ONNX Runtime (needs onnx, onnxruntime and, for the dynamo exporter, onnxscript)."""
-from .onnx import (EXPORTERS, PARTS, ExportPart, build_export_part, export_onnx,
-                   onnxruntime_session, verify_onnx)
+"""Deployment: ONNX export of the backbone, backbone + neck, or a whole model in tensor mode
+(``onnx.py``), and the runtimes that run it on CPU (``runtimes.py``: ONNX Runtime, OpenVINO at
+f32, bf16 and int8). Needs onnx, onnxruntime and, for the dynamo exporter, onnxscript; OpenVINO
+and int8 need requirements/deploy.txt (openvino, nncf)."""
+from .onnx import (EXPORTERS, PARTS, ExportPart, build_export_part, check_sizes, export_onnx,
+                   verify_onnx)
+from .compare import agreement, max_abs_diffs, verify
+from .runtimes import PRECISIONS, RUNTIMES, Runtime, get_runtime, onnxruntime_session
 
-__all__ = ['EXPORTERS', 'PARTS', 'ExportPart', 'build_export_part', 'export_onnx',
-           'onnxruntime_session', 'verify_onnx']
+__all__ = ['EXPORTERS', 'PARTS', 'PRECISIONS', 'RUNTIMES', 'ExportPart', 'Runtime', 'agreement',
+           'build_export_part', 'check_sizes', 'export_onnx', 'get_runtime', 'max_abs_diffs',
+           'onnxruntime_session', 'verify', 'verify_onnx']

@@ -68,6 +68,18 @@ class ExportPart(nn.Module):
         raise ValueError(f'--part model: no known head on {type(model).__name__}; export '
                          '--part neck instead')
 
+    def children_used(self) -> List[str]:
+        """The model's children this part runs (their weights must all be loaded)."""
+        if not hasattr(self.model, 'backbone'):
+            return []
+        used = ['backbone'] + (['neck'] if getattr(self.model, 'neck', None) is not None else [])
+        if self.part == 'backbone':
+            return used[:1]
+        if self.part == 'model':
+            used += [h for h in ('decode_head', 'bbox_head', 'rpn_head')
+                     if hasattr(self.model, h)][:1]
+        return used
+
     def fixed_size_reason(self) -> Optional[str]:
         """Why this part cannot have a dynamic height and width, or None."""
         if self.part != 'model':
@@ -88,10 +100,21 @@ class ExportPart(nn.Module):
         return [f'{prefix}{i}' for i in range(count)]
 
 
+def check_sizes(batch: int, h: int, w: int, dynamic_hw: bool = True) -> List[Tuple[int, int, int]]:
+    """(batch, height, width) to verify an export at: the export size, an odd size, and another
+    batch at a third size (with a fixed size: the export size at three batches)."""
+    if not dynamic_hw:
+        return [(batch, h, w), (batch + 1, h, w), (batch + 2, h, w)]
+    odd = (h * 3 // 4) | 1, (w * 5 // 4) | 1
+    return [(batch, h, w), (batch, *odd), (batch + 1, h // 2 + 3, w // 2 + 9)]
+
+
 def build_export_part(config: str, part: str, checkpoint: Optional[str] = None,
-                      cfg_options: Optional[dict] = None) -> ExportPart:
+                      cfg_options: Optional[dict] = None, allow_pickle: bool = False
+                      ) -> ExportPart:
     """Build the model of an mmdet/mmseg config on CPU in eval mode, weights as built unless
-    ``checkpoint`` is given (no ``init_cfg`` file is read)."""
+    ``checkpoint`` is given (no ``init_cfg`` file is read; what it may hold: ``weights.py``).
+    The load report is the part's ``weights_report``."""
     from mmengine.registry import init_default_scope
 
     from ..engine.config import adapt_to_device, load_config, toolkit_of
@@ -104,10 +127,13 @@ def build_export_part(config: str, part: str, checkpoint: Optional[str] = None,
     else:
         from mmseg.registry import MODELS
     model = MODELS.build(cfg.model)
+    export_part = ExportPart(model, part)
+    export_part.weights_report = 'weights as built (no --checkpoint)'
     if checkpoint is not None:
-        from ..checkpoint import load_pretrained
-        load_pretrained(model, checkpoint)
-    return ExportPart(model.eval(), part).eval()
+        from .weights import load_export_weights
+        export_part.weights_report = load_export_weights(
+            model, checkpoint, export_part.children_used(), allow_pickle)
+    return export_part.eval()
 
 
 def export_onnx(module: nn.Module, example: torch.Tensor, path: str, exporter: str = 'dynamo',
@@ -139,27 +165,16 @@ def export_onnx(module: nn.Module, example: torch.Tensor, path: str, exporter: s
                           input_names=['input'], output_names=names, dynamic_axes=axes)
 
 
-def onnxruntime_session(path: str, threads: Optional[int] = None):
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
-
-
 def verify_onnx(path: str, module: nn.Module, inputs: Sequence[torch.Tensor],
                 session=None) -> List[Dict]:
     """Run the file in ONNX Runtime on each input; per input, the max abs diff per output."""
-    session = session or onnxruntime_session(path)
-    name = session.get_inputs()[0].name
-    results = []
-    for x in inputs:
-        with torch.no_grad():
-            expected = module(x)
-        got = session.run(None, {name: x.numpy()})
-        if len(got) != len(expected):
-            raise RuntimeError(f'{path}: {len(got)} outputs, PyTorch gives {len(expected)}')
-        diffs = [float((torch.from_numpy(g) - e).abs().max()) if g.shape == tuple(e.shape)
-                 else float('inf') for g, e in zip(got, expected)]
-        results.append(dict(shape=list(x.shape), max_abs_diff=diffs))
-    return results
+    from .compare import verify
+    from .runtimes import get_runtime
+    if session is None:
+        run = get_runtime('onnxruntime').load(path)
+    else:
+        name = session.get_inputs()[0].name
+
+        def run(images):
+            return session.run(None, {name: images})
+    return verify(run, module, inputs)
