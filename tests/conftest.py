@@ -9,14 +9,14 @@ from mmengine.runner import Runner
 from swin_rpe_plugin import SwinTransformer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.environ.get('SWIN_RPE_SHARED', os.path.join(os.path.dirname(ROOT), 'shared'))
+REFERENCE = os.path.join(ROOT, 'tests', 'fixtures', 'reference', 'swin_rpe_reference.json')
 
 
 @pytest.fixture(scope='session')
 def reference():
-    """The worked numbers of the design documents (ground truth, never regenerated here)."""
-    path = os.path.join(SHARED, 'reference', 'swin_rpe_reference.json')
-    with open(path) as f:  # a missing file is a failure, not a skip
+    """The worked numbers of the design documents (ground truth, never regenerated; see
+    tests/fixtures/reference/README.md)."""
+    with open(REFERENCE) as f:  # a missing file is a failure, not a skip
         return json.load(f)
 
 

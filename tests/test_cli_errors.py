@@ -158,3 +158,39 @@ def test_all_zero_tables_are_named_when_a_state_dict_loads(tmp_path):
     assert zero == ['backbone: 4 of 4 relative_position_bias_tables in the state dict are all '
                     'zero (first: stages.0.blocks.0.attn.w_msa.relative_position_bias_table): '
                     'never initialised or trained (mmdet and mmseg leave them at zero)']
+
+
+BAD_CHILD = """_base_ = [{base!r}]
+model = dict(pretrained=dict(type='Pretrained'))  # the base has pretrained=None
+"""
+
+
+@pytest.mark.parametrize('name', ['train', 'test', 'complexity'])
+def test_config_that_cannot_merge_is_one_line_naming_the_key(capsys, tmp_path, name):
+    """A child config setting a dict where its base has None (no ``_delete_=True``): mmengine
+    raises a multi-line TypeError; every tool turns it into one line with the fix, exit 2."""
+    config = tmp_path / 'child.py'
+    config.write_text(BAD_CHILD.format(base=SEG))
+    torch.save({}, tmp_path / 'c.pth')  # so the config is what is wrong
+    argv = {'train': [str(config), '--work-dir', str(tmp_path / 'w')],
+            'test': [str(config), str(tmp_path / 'c.pth')],
+            'complexity': ['--config', str(config), '--shape', '64', '64']}[name]
+    module = load_tool(name)
+
+    def run():
+        code = module.main(argv)
+        if code:
+            sys.exit(code)
+    line = one_line_exit_2(capsys, run)
+    assert 'pretrained=' in line and 'cannot inherit from base' in line, line
+    assert '_delete_=True' in line and str(config) in line, line
+
+
+def test_config_syntax_error_names_the_line(tmp_path):
+    config = tmp_path / 'broken.py'
+    config.write_text(f"_base_ = [{SEG!r}]\nmodel = dict(\n")
+    proc = subprocess.run([sys.executable, 'tools/train.py', str(config)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'line 2' in lines[0] and 'SyntaxError' in lines[0], lines

@@ -8,6 +8,8 @@ _base_ = [
     'mmdet::_base_/default_runtime.py',
 ]
 custom_imports = dict(imports=['swin_rpe_plugin'], allow_failed_imports=False)
+# Checkpoints carry the RNG states: resume is exact with drop path and dropout on.
+custom_hooks = [dict(type='swin_rpe_plugin.RNGStateHook')]
 
 # ImageNet-1k Swin-T weights (any format the loader reads; see README). None: from scratch.
 pretrained = 'checkpoints/swin_tiny_patch4_window7_224.pth'

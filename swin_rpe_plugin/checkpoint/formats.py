@@ -26,7 +26,7 @@ Sources: Microsoft Swin-Transformer ``models/swin_transformer.py`` and
 Swin-Transformer-Object-Detection; mmdet 3.3 / mmseg 1.2 / mmpretrain 1.2 ``SwinTransformer``;
 timm ``swin_transformer.py`` (< 0.9: merging at the end of a stage; >= 0.9: at the start of the
 next); torchvision 0.13+ ``swin_t``; transformers ``SwinModel`` (4.x and 5.x, on disk and in
-memory). Listings of full Swin-T keys are in ``../shared/fixtures/*_keys.json``.
+memory). Listings of full Swin-T keys are in ``tests/fixtures/swin/*_keys.json``.
 SwinV2: Microsoft ``models/swin_transformer_v2.py``; mmpretrain 1.x ``SwinTransformerV2``; timm
 ``swin_transformer_v2.py`` (>= 0.9); torchvision ``swin_v2_t/s/b``; transformers ``Swinv2Model``.
 """

@@ -18,7 +18,7 @@ is made RNG-neutral in every run (states saved before it and restored after it):
 uninterrupted run validates after a checkpoint and the resumed one does not, so validation
 must not move the training streams. ``load_from`` (fine-tuning, not resuming) restores nothing.
 
-Not covered (docs/reliability.md): dataloader workers (``num_workers > 0``) draw from streams
+Not covered (docs/reliability-and-security.md): dataloader workers (``num_workers > 0``) draw from streams
 seeded per worker at iterator creation, which a mid-epoch resume does not recreate the same way;
 CUDA kernels that are nondeterministic unless ``randomness.deterministic=True``.
 """

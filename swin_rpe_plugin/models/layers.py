@@ -274,6 +274,9 @@ class FFN(nn.Module):
             nn.Linear(feedforward_channels, embed_dims), nn.Dropout(ffn_drop))
         self.dropout_layer = build_dropout(dropout_layer or dict(type='DropPath', drop_prob=0.))
         self.ffn_drop = ffn_drop
+        # mmcv's FFN attributes, read by stock code and mmdet's own tests
+        self.embed_dims, self.feedforward_channels = embed_dims, feedforward_channels
+        self.num_fcs, self.act_cfg, self.add_identity = 2, act_cfg, True
 
     def forward(self, x: Tensor, identity: Tensor, norm: Optional[nn.Module] = None,
                 post_norm: Optional[nn.Module] = None) -> Tensor:

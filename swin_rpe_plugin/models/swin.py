@@ -129,6 +129,8 @@ class SwinTransformer(BaseModule):
                               drop_path_rate=drop_path_rate))
         num_layers = len(depths)
         patch = to_window_tuple(patch_size, 'patch_size')
+        if isinstance(pretrain_img_size, tuple) and len(pretrain_img_size) == 1:
+            pretrain_img_size = pretrain_img_size * 2  # (224,) means square, as in mmseg/mmdet
         self.pretrain_img_size = to_window_tuple(pretrain_img_size, 'pretrain_img_size')
         self.window_size = to_window_tuple(window_size)
         self.in_channels = in_channels

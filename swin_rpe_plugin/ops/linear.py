@@ -26,17 +26,23 @@ __all__ = ['linear', 'onednn_available']
 _OP = getattr(torch.ops.mkldnn, '_linear_pointwise', None) if hasattr(torch.ops, 'mkldnn') \
     else None
 _MKLDNN = torch.backends.mkldnn.is_available()
+# oneDNN has bf16 inner products only on CPUs with native bf16 (avx512_bf16, AMX): elsewhere
+# (an AVX2-only Zen 3, say) it cannot create the primitive, and bf16 products take F.linear.
+_ONEDNN_BF16 = _OP is not None and _MKLDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def onednn_available(x: Tensor) -> bool:
     """True when x takes the oneDNN path: CPU fast paths allowed (``dispatch.py``), oneDNN
-    built in, and products in float32 or bfloat16 (autocast's dtype or x's own).
+    built in, and products in float32, or in bfloat16 on a CPU whose oneDNN has bf16 kernels
+    (autocast's dtype or x's own).
 
     Under torch.compile too (the product is the registered op ``swin_rpe::linear``, which
     the compiler keeps as one call); not under a tracer or exporter, which see ``F.linear``.
     """
-    return (_OP is not None and _MKLDNN and use_cpu_fast_paths(x)
-            and compute_dtype(x) in (torch.float32, torch.bfloat16))
+    if _OP is None or not _MKLDNN or not use_cpu_fast_paths(x):
+        return False
+    dtype = compute_dtype(x)
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and _ONEDNN_BF16)
 
 
 def _onednn(x: Tensor, weight: Tensor, bias: Optional[Tensor], attr: str = 'none') -> Tensor:

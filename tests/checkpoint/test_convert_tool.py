@@ -8,9 +8,9 @@ from safetensors.torch import load_file
 
 from swin_rpe_plugin import SwinTransformer
 from swin_rpe_plugin.checkpoint import load_pretrained
-from conftest import ROOT, SHARED
+from conftest import ROOT
 
-FIXTURES = os.path.join(SHARED, 'fixtures')
+FIXTURES = os.path.join(ROOT, 'tests', 'fixtures', 'swin')
 
 
 def tool():
@@ -21,8 +21,8 @@ def tool():
     return module
 
 
-def tiny(window):
-    return SwinTransformer(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8),
+def tiny(window):  # the configuration of the committed fixtures
+    return SwinTransformer(embed_dims=8, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8),
                            window_size=window, drop_path_rate=0.0).eval()
 
 

@@ -1,5 +1,6 @@
-"""Checkpoints saved by timm 1.0, torchvision 0.29 and transformers 5.x load through our loader
-and reproduce those libraries' own stage outputs (``../shared/fixtures``, see its README).
+"""Checkpoints saved by timm 1.0, torchvision 0.28 and transformers 5.x load through our loader
+and reproduce those libraries' own stage outputs (the committed fixtures of ``tests/fixtures/swin``,
+made by ``tests/fixtures/make_swin_fixtures.py``; see the README there).
 
 The fixtures' stage tensors are taken before any norm; ours pass through mmdet's per-output
 ``norm0..3``, so the test applies those same norm parameters to the fixture tensors.
@@ -15,16 +16,17 @@ from safetensors.torch import load_file
 
 from swin_rpe_plugin import SwinTransformer
 from swin_rpe_plugin.checkpoint import convert_checkpoint, load_pretrained
-from conftest import SHARED
+from conftest import ROOT
 
-FIXTURES = os.path.join(SHARED, 'fixtures')
+FIXTURES = os.path.join(ROOT, 'tests', 'fixtures', 'swin')
 WEIGHTS = {'timm': '{lib}_{cfg}.safetensors', 'torchvision': '{lib}_{cfg}.safetensors',
            'hf': 'hf_{cfg}_hf/model.safetensors'}
 CONFIGS = {'tiny': (7, 224), 'tiny_w12': (12, 384)}
+ODD_HW = (97, 131)
 
 
 def tiny_swin(window: int, img: int = 224) -> SwinTransformer:
-    return SwinTransformer(pretrain_img_size=img, embed_dims=16, depths=(2, 2, 2, 2),
+    return SwinTransformer(pretrain_img_size=img, embed_dims=8, depths=(2, 2, 2, 2),
                            num_heads=(1, 2, 4, 8), window_size=window, drop_path_rate=0.0).eval()
 
 
@@ -50,6 +52,10 @@ def loaded(lib: str, cfg: str):
     report = load_pretrained(model, os.path.join(FIXTURES, WEIGHTS[lib].format(lib=lib, cfg=cfg)),
                              strict=True)
     io = load_file(os.path.join(FIXTURES, f'{lib}_{cfg}_io.safetensors'))
+    # One stored input (float16-exact); each case is its top-left crop (see the README).
+    image = load_file(os.path.join(FIXTURES, 'input.safetensors'))['input'].float()
+    io['input'] = image[:, :, :img, :img].contiguous()
+    io['odd_input'] = image[:, :, :ODD_HW[0], :ODD_HW[1]].contiguous()
     return model, report, io
 
 

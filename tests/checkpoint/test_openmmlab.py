@@ -16,6 +16,8 @@ from swin_rpe_plugin.checkpoint import allow_mmengine_checkpoints, load_pretrain
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7,
             drop_path_rate=0.0)
+TIMM_FIXTURE = os.path.join(ROOT, 'tests', 'fixtures', 'swin', 'timm_tiny.safetensors')
+TINY_FIXTURE = dict(TINY, embed_dims=8)  # the configuration of the committed fixtures
 
 
 def randomized(model):
@@ -111,8 +113,7 @@ def official_from_timm_fixture():
     of the previous stage, as the fixtures' README and its detection-code check do)."""
     from safetensors.torch import load_file
 
-    from conftest import SHARED
-    timm = load_file(os.path.join(SHARED, 'fixtures', 'timm_tiny.safetensors'))
+    timm = load_file(TIMM_FIXTURE)
     official = {}
     for key, value in timm.items():
         parts = key.split('.')
@@ -133,12 +134,12 @@ def test_official_checkpoint_matches_mmdet_swin_converter(tmp_path):
     official = official_from_timm_fixture()
     path = str(tmp_path / 'official.pth')
     torch.save({'model': official, 'epoch': 300}, path)
-    ours = SwinTransformer(**TINY)
+    ours = SwinTransformer(**TINY_FIXTURE)
     report = load_pretrained(ours, path)
     assert report.format == 'official' and len(report.derived) == 8
     assert len(report.not_in_format) == 8 and not report.missing and not report.unexpected
     # mmdet's own converter, loaded into mmdet's own Swin, is the reference.
-    reference = Stock(**TINY)
+    reference = Stock(**TINY_FIXTURE)
     converted = {k[len('backbone.'):]: v for k, v in swin_converter(official).items()}
     missing, unexpected = reference.load_state_dict(converted, strict=False)
     assert all(k.startswith('norm') for k in missing)

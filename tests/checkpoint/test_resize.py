@@ -8,14 +8,15 @@ import torch.nn.functional as F
 from swin_rpe_plugin import SwinTransformer
 from swin_rpe_plugin.checkpoint import load_pretrained, set_window_size
 from swin_rpe_plugin.ops import relative_position_index
-from conftest import SHARED
+from conftest import ROOT
 
-TIMM_W7 = os.path.join(SHARED, 'fixtures', 'timm_tiny.safetensors')
+TIMM_W7 = os.path.join(ROOT, 'tests', 'fixtures', 'swin', 'timm_tiny.safetensors')
+TIMM_W7_EMBED = 8  # the configuration of the committed fixtures
 TABLE = 'stages.{s}.blocks.{b}.attn.w_msa.relative_position_bias_table'
 
 
-def tiny(window, **kwargs):
-    return SwinTransformer(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8),
+def tiny(window, embed_dims=16, **kwargs):
+    return SwinTransformer(embed_dims=embed_dims, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8),
                            window_size=window, drop_path_rate=0.0, **kwargs).eval()
 
 
@@ -88,10 +89,10 @@ def test_absolute_position_embedding_224_to_384(tmp_path):
 
 @pytest.mark.parametrize('new', [12, (7, 12)])
 def test_live_window_change_equals_a_model_built_and_loaded_at_that_window(new):
-    live = tiny(7)
+    live = tiny(7, embed_dims=TIMM_W7_EMBED)
     load_pretrained(live, TIMM_W7)
     resized = set_window_size(live, new)
-    fresh = tiny(new)
+    fresh = tiny(new, embed_dims=TIMM_W7_EMBED)
     load_pretrained(fresh, TIMM_W7)
     new_hw = (new, new) if isinstance(new, int) else new
     assert len(resized) == 8

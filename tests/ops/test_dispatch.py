@@ -98,7 +98,8 @@ def test_kernel_choice_is_a_fixed_rule_and_can_be_forced(monkeypatch):
 def test_forced_kernel_serves_every_product(kernel, monkeypatch):
     """The forced library computes the forward product and the input gradient."""
     from swin_rpe_plugin.ops.dispatch import force_kernel
-    from swin_rpe_plugin.ops import linear as linear_mod
+    import importlib
+    linear_mod = importlib.import_module('swin_rpe_plugin.ops.linear')
     calls = []
     real = linear_mod._onednn
     monkeypatch.setattr(linear_mod, '_onednn', lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -107,3 +108,20 @@ def test_forced_kernel_serves_every_product(kernel, monkeypatch):
     with force_kernel('linear', kernel):
         linear(x, w).sum().backward()
     assert len(calls) == (2 if kernel == 'onednn' else 0)
+
+
+@pytest.mark.parametrize('grad', [False, True])
+def test_bf16_linear_runs_on_any_cpu(grad):
+    """oneDNN's bf16 inner product exists only with native bf16; elsewhere F.linear serves it.
+    Either way the result is autocast's own bf16 product to bf16 rounding."""
+    x = torch.randn(3, 50, 96, requires_grad=grad)
+    w, b = torch.randn(288, 96, requires_grad=grad), torch.randn(288)
+    with torch.set_grad_enabled(grad), torch.autocast('cpu', dtype=torch.bfloat16):
+        ours = linear(x, w, b)
+        reference = torch.nn.functional.linear(x, w, b)
+    assert ours.dtype == reference.dtype == torch.bfloat16
+    scale = reference.float().abs().max()
+    assert ((ours.float() - reference.float()).abs().max() / scale) < 2 ** -7
+    if grad:
+        ours.float().sum().backward()
+        assert x.grad is not None and torch.isfinite(x.grad).all()

@@ -1,4 +1,4 @@
-"""Clear errors: every bad input of docs/reliability.md's table raises ValueError/TypeError
+"""Clear errors: every bad input of docs/reliability-and-security.md's table raises ValueError/TypeError
 whose message names the offending argument (and its value or shape).
 
 tests/models/test_backbone.py already covers the README's constructor rows (window_size 0,

@@ -1,0 +1,25 @@
+"""tools/kernel_rule_cost.py: every linear of the backbone, timed in both libraries."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_kernel_rule_cost_lists_every_linear_of_the_backbone(tmp_path):
+    out = tmp_path / 'cost.json'
+    proc = subprocess.run([sys.executable, 'tools/kernel_rule_cost.py', '--shape', '32', '32',
+                           '--batch', '1', '--repeats', '1', '--json', str(out)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    records = result['records']
+    # Swin-T: 4 linears per block (qkv, proj, fc1, fc2) x 2 directions per stage, 3 merges x 2
+    assert len(records) == 4 * 8 + 3 * 2
+    assert sum(r['count'] for r in records if r['name'].endswith('qkv')) == 2 + 2 + 6 + 2
+    first = records[0]
+    assert (first['rows'], first['k'], first['n']) == (8 * 8, 96, 288)  # 32/4 = 8 per side
+    totals = result['totals']
+    assert totals['fastest'] <= min(totals['onednn'], totals['mkl'])
+    assert 'the rule costs' in proc.stdout

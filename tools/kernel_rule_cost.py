@@ -1,0 +1,89 @@
+"""What the fixed kernel rule costs: each Swin linear's product timed in oneDNN and in MKL.
+
+    .venv/bin/python tools/kernel_rule_cost.py [--arch tiny] [--shape 512 512] [--batch 2]
+        [--repeats 7] [--json out.json]
+
+``ops/dispatch.py`` serves every CPU linear with oneDNN (a rule, so that two processes compute
+the same bits). This prints, per product shape of the backbone (forward and input gradient),
+the median time of each library and the time the whole backbone's linears would save if each
+shape took the faster one: the cost of the rule against a per-shape choice.
+"""
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from swin_rpe_plugin.analysis.models import ARCHS  # noqa: E402
+from swin_rpe_plugin.cli import ArgumentParser  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--arch', choices=sorted(ARCHS), default='tiny')
+    p.add_argument('--shape', type=int, nargs=2, default=[512, 512], metavar=('H', 'W'))
+    p.add_argument('--batch', type=int, default=2)
+    p.add_argument('--repeats', type=int, default=7)
+    p.add_argument('--json', help='write the per-shape records here')
+    return p.parse_args(argv)
+
+
+def products(arch: dict, hw, batch):
+    """(name, rows, in, out, count) of every linear of the backbone, forward and grad-input."""
+    h, w = -(-hw[0] // 4), -(-hw[1] // 4)
+    c = arch['embed_dims']
+    out = []
+    for i, depth in enumerate(arch['depths']):
+        rows = batch * h * w
+        for name, k, n in (('qkv', c, 3 * c), ('proj', c, c), ('fc1', c, 4 * c),
+                           ('fc2', 4 * c, c)):
+            out += [(f'stage{i}.{name}', rows, k, n, depth),
+                    (f'stage{i}.{name}.grad_input', rows, n, k, depth)]
+        if i + 1 < len(arch['depths']):
+            h, w = -(-h // 2), -(-w // 2)
+            out += [(f'stage{i}.merge', batch * h * w, 4 * c, 2 * c, 1),
+                    (f'stage{i}.merge.grad_input', batch * h * w, 2 * c, 4 * c, 1)]
+            c *= 2
+    return out
+
+
+def median_ms(fn, repeats):
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+@torch.no_grad()
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    onednn = torch.ops.mkldnn._linear_pointwise
+    records, totals = [], {'onednn': 0.0, 'mkl': 0.0, 'fastest': 0.0}
+    for name, rows, k, n, count in products(ARCHS[args.arch], args.shape, args.batch):
+        x, weight = torch.randn(rows, k), torch.randn(n, k)
+        t = {'onednn': median_ms(lambda: onednn(x, weight, None, 'none', [], ''), args.repeats),
+             'mkl': median_ms(lambda: F.linear(x, weight), args.repeats)}
+        records.append(dict(name=name, rows=rows, k=k, n=n, count=count, **t))
+        for lib in ('onednn', 'mkl'):
+            totals[lib] += count * t[lib]
+        totals['fastest'] += count * min(t.values())
+        print(f'{name:24s} {rows:6d}x{k:4d}->{n:4d} x{count}: oneDNN {t["onednn"]:7.2f} ms, '
+              f'MKL {t["mkl"]:7.2f} ms')
+    print(f'all linears of one forward + input-gradient pass: oneDNN {totals["onednn"]:.0f} ms, '
+          f'MKL {totals["mkl"]:.0f} ms, fastest per shape {totals["fastest"]:.0f} ms: the rule '
+          f'costs {totals["onednn"] / totals["fastest"] - 1:+.1%} against a per-shape choice')
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(dict(totals=totals, records=records, threads=torch.get_num_threads()), f,
+                      indent=1)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
