@@ -145,5 +145,5 @@ def backbone_comparison(arch: str, shape: Tuple[int, int], batch: int, mode: str
                                     mode=mode, dtype=dtype, ours_kwargs=ours_kwargs))
               for which in ('mmdet', 'ours')}
     steps = {'mmdet': step_fn(stock, mode, dtype), 'ours': step_fn(ours, mode, dtype)}
-    return Comparison(key, steps, x, baseline='mmdet', gflops=gflops, roof_dtype=dtype, checks=checks,
-                      memory=memory)
+    return Comparison(key, steps, x, baseline='mmdet', gflops=gflops, roof_dtype=dtype,
+                      checks=checks, memory=memory)

@@ -25,8 +25,8 @@ import torch
 
 from .benchmark_runner import ChildStep, Comparison
 
-__all__ = ['DETECTOR_CONFIGS', 'DEFAULT_CASES', 'build_detector', 'synthetic_batch', 'detector_step',
-           'detector_comparison', 'detector_memory_step']
+__all__ = ['DETECTOR_CONFIGS', 'DEFAULT_CASES', 'build_detector', 'synthetic_batch',
+           'detector_step', 'detector_comparison', 'detector_memory_step']
 
 DETECTOR_CONFIGS: Dict[str, Tuple[str, str]] = {
     'mask-rcnn': ('mmdet', 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'),
@@ -53,8 +53,7 @@ def build_detector(name: str, which: str, state_dict=None) -> torch.nn.Module:
     cfg.model.pop('pretrained', None)
     backbone = cfg.model.backbone
     backbone.pop('init_cfg', None), backbone.pop('pretrained', None)
-    if which == 'ours':
-        import swin_rpe_plugin  # noqa: F401  registers swin_rpe_plugin.SwinTransformer
+    if which == 'ours':  # registered in our scope when this package was imported
         backbone.type = 'swin_rpe_plugin.SwinTransformer'
     init_default_scope(scope)
     torch.manual_seed(0)
