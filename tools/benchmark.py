@@ -4,7 +4,7 @@
         [--shape 800 1216 --shape 512 512] [--batch N] [--mode infer|train ...]
         [--dtype fp32|bf16|fp16 ...] [--threads T] [--repeats R] [--quick] [--compile]
         [--no-memory] [--profile] [--runtime onnxruntime|openvino ...] [--runtime-only]
-        [--detector mask-rcnn|upernet ...] [--json bench.json]
+        [--detector mask-rcnn|upernet ...] [--window M (v2)] [--json bench.json]
     .venv/bin/python tools/benchmark.py --report bench.json [more.json ...]
 
 Comparisons (each record: medians of interleaved runs, speedup = baseline / ours, the spread,
