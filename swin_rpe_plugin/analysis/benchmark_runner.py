@@ -122,7 +122,9 @@ def fast_low_precision(dtype: str, fp32_gflops: float) -> Tuple[bool, float]:
     A dtype is worth a line when its matmul peak beats fp32's by 1.5x (native bf16 units such
     as AMX or avx512_bf16); where it is emulated it runs at or below fp32 speed.
     """
-    peak = matmul_gflops(dtype=dtype)
+    # n = 1024, 2 repeats: where bf16 is emulated (~1-2 GFLOP/s on a Zen 3) the default product
+    # would take minutes to say so.
+    peak = matmul_gflops(n=1024, repeats=2, dtype=dtype)
     return peak >= 1.5 * fp32_gflops, peak
 
 
