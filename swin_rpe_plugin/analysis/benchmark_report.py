@@ -71,8 +71,8 @@ def _num(value, fmt: str) -> str:
 
 def _table(records: List[dict]) -> List[str]:
     lines = ['| case | baseline | baseline ms | ours ms | speedup | other steps (ms) | '
-             'memory ours/baseline | max abs diff | rel err vs fp32 | roofline |',
-             '|---|---|---|---|---|---|---|---|---|---|']
+             'memory ours/baseline | max abs diff | rel err vs fp32 | roofline | flags |',
+             '|---|---|---|---|---|---|---|---|---|---|---|']
     for r in records:
         base, cand = r['baseline'], r.get('candidate', 'ours')
         others = ', '.join(f'{n} {_ms(r, n)}' for n in other_steps(r)) or '-'
@@ -80,8 +80,12 @@ def _table(records: List[dict]) -> List[str]:
             f"| {case_label(r)} | {base} | {_ms(r, base)} | {_ms(r, cand)} | "
             f"**{r['speedup']:.2f}** | {others} | {_num(r.get('mem_ratio'), '.2f')} | "
             f"{_num(r.get('max_abs_diff'), '.1e')} | {_num(r.get('rel_err_vs_fp32'), '.1e')} | "
-            f"{_num(r.get('roofline_fraction'), '.2f')} |")
+            f"{_num(r.get('roofline_fraction'), '.2f')} | {_flags(r)} |")
     return lines
+
+
+def _flags(record: dict) -> str:
+    return ' '.join(record.get('flags') or []) or '-'
 
 
 def performance_markdown(by_cpu: Dict[str, List[dict]], chart_dir: str = 'images') -> str:
@@ -93,7 +97,11 @@ def performance_markdown(by_cpu: Dict[str, List[dict]], chart_dir: str = 'images
            'fresh process; roofline is the fraction of the matmul peak of the record\'s dtype '
            '(measured in the same rounds as the models) that our step reaches.', '']
     for cpu, runs in by_cpu.items():
-        out += [f'## {cpu}', '', '| date | commit | threads | torch | matmul GFLOP/s | command |',
+        first = runs[0]
+        out += [f'## {cpu}', '',
+                f"CPU family/model {first.get('cpu_family_model', '?')}, features: "
+                f"{', '.join(first.get('cpu_features', [])) or 'not recorded'}.", '',
+                '| date | commit | threads | torch | matmul GFLOP/s | command |',
                 '|---|---|---|---|---|---|']
         for run in runs:
             peaks = ', '.join(f'{k} {v:.0f}' for k, v in run.get('matmul_gflops', {}).items())
@@ -138,14 +146,14 @@ def write_chart(cpu: str, records: List[dict], path: str) -> None:
 
 def headline_markdown(by_cpu: Dict[str, List[dict]]) -> str:
     """The README block: backbone records of every CPU, the rest in docs/performance.md."""
-    lines = ['| CPU | case | mmdet ms | ours ms | speedup | memory ours/mmdet |',
-             '|---|---|---|---|---|---|']
+    lines = ['| CPU | case | mmdet ms | ours ms | speedup | memory ours/mmdet | flags |',
+             '|---|---|---|---|---|---|---|']
     for cpu, runs in by_cpu.items():
         for r in latest_records(runs):
             if r.get('kind', 'backbone') == 'backbone':
                 lines.append(f"| {cpu} | {case_label(r)} | {_ms(r, r['baseline'])} | "
                              f"{_ms(r, r.get('candidate', 'ours'))} | **{r['speedup']:.2f}** | "
-                             f"{_num(r.get('mem_ratio'), '.2f')} |")
+                             f"{_num(r.get('mem_ratio'), '.2f')} | {_flags(r)} |")
     lines += ['', 'Every comparison, with commands and dates: '
               '[docs/performance.md](docs/performance.md).']
     return '\n'.join(lines)

@@ -138,16 +138,27 @@ def record_flags(record: dict, threads: int) -> List[str]:
     return flags
 
 
+CPU_FEATURES = ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16')  # what the kernels' speed turns on
+
+
 def machine_info(threads: int) -> dict:
-    """CPU model, thread count and torch version, for every JSON record."""
-    cpu = 'unknown'
+    """CPU model (name, family/model, the vector features that matter), thread count and torch
+    version, for every JSON record. A KVM guest's model name can be as bare as 'AMD EPYC'."""
+    fields = {}
     try:
         with open('/proc/cpuinfo') as f:
-            cpu = next((line.split(':', 1)[1].strip() for line in f
-                        if line.startswith('model name')), cpu)
+            for line in f:
+                if not line.strip():
+                    break  # the first processor is enough
+                key, _, value = line.partition(':')
+                fields[key.strip()] = value.strip()
     except OSError:
         pass
-    return dict(cpu=cpu, threads=threads, torch=torch.__version__)
+    flags = fields.get('flags', '').split()
+    return dict(cpu=fields.get('model name', 'unknown'),
+                cpu_family_model=f"{fields.get('cpu family', '?')}/{fields.get('model', '?')}",
+                cpu_features=[f for f in CPU_FEATURES if f in flags],
+                threads=threads, torch=torch.__version__)
 
 
 def profile_ops(fn: Callable, x, top: int = 12) -> List[dict]:
