@@ -4,7 +4,7 @@ Our backbone is exported once with dynamic batch and size (at 224x224) and serve
 mmdet's is exported at each fixed size (the best its export can do: its dynamic export fails at
 any other size). Each record times, in the same interleaved rounds and with the same weights,
 mmdet eager, ours eager, mmdet's fixed export and our dynamic export in one runtime and one
-precision; the max diff of each export against its own eager model is in the record. The runtime
+precision; the max diff and cosine of each export against its own eager model are in the record. The runtime
 adapters (load, precisions this CPU runs) are ``deploy.runtimes``'; the exports are
 ``deploy.onnx``'s.
 """
@@ -82,7 +82,12 @@ class RuntimeExports:
         checks = {}
         for who in ('ours', 'mmdet'):
             got = [torch.from_numpy(o) for o in steps[f'{who}_{name}'](x)]
-            checks[f'{who}_{name}_max_abs_diff'] = max_abs_diff(got, steps[who](x))
+            eager = steps[who](x)
+            checks[f'{who}_{name}_max_abs_diff'] = max_abs_diff(got, eager)
+            checks[f'{who}_{name}_cosine'] = min(  # worst output; int8's accuracy in one number
+                torch.nn.functional.cosine_similarity(a.flatten().double(),
+                                                      b.flatten().double(), 0).item()
+                for a, b in zip(got, eager))
         checks['max_abs_diff'] = checks[f'ours_{name}_max_abs_diff']
         key = dict(kind='runtime', arch=self.arch, shape=list(shape), batch=batch, mode='infer',
                    dtype='fp32', runtime=name, precision=precision,

@@ -172,8 +172,10 @@ def test_runtimes_against_eager_every_precision_this_cpu_runs(monkeypatch):
                     check_record(r, f'mmdet_{name}', f'ours_{name}')
                     assert r['mmdet_ms'] > 0 and r['ours_ms'] > 0  # eager, timed beside
                     ours, stock = (r[f'{who}_{name}_max_abs_diff'] for who in ('ours', 'mmdet'))
+                    assert -1 <= r[f'ours_{name}_cosine'] <= 1 + 1e-9
                     if precision == 'f32':
                         assert ours < 1e-4 and stock < 1e-4
+                        assert r[f'ours_{name}_cosine'] > 1 - 1e-9
                     elif precision == 'bf16':  # ~2e-2 of outputs up to ~4 here
                         assert ours < 0.25 and stock < 0.25
                     else:  # int8 calibrated on noise: only as good as the same quantizer on
