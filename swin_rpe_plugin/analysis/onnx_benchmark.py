@@ -5,9 +5,8 @@ mmdet's is exported at each fixed size (the best its export can do: its dynamic 
 any other size). Each record times, in the same interleaved rounds and with the same weights,
 mmdet eager, ours eager, mmdet's fixed export and our dynamic export in one runtime and one
 precision; the max diff and cosine of each export against its own eager model are in the
-record. The runtime
-adapters (load, precisions this CPU runs) are ``deploy.runtimes``'; the exports are
-``deploy.onnx``'s.
+record. The runtime adapters (load, precisions this CPU runs) are ``deploy.runtimes``'; the
+exports are ``deploy.onnx``'s.
 """
 import os
 import tempfile
