@@ -194,7 +194,10 @@ def provenance(argv) -> dict:
     except (OSError, subprocess.CalledProcessError):
         commit = 'unknown'
     command = ' '.join(['tools/benchmark.py'] + list(sys.argv[1:] if argv is None else argv))
-    return dict(command=command, date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+    # Kernel and backend overrides change what is measured: they belong to the command.
+    settings = ' '.join(f'{k}={v}' for k, v in sorted(os.environ.items())
+                        if k.startswith('SWIN_RPE_') and k != 'SWIN_RPE_SHARED')
+    return dict(command=f'{settings} {command}' if settings else command, date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
                 commit=commit)
 
 
