@@ -1,50 +1,66 @@
-"""Time and measure our Swin backbone against mmdet 3.3's, same config and weights, one run.
+"""Time and measure our Swin backbone against the libraries users would otherwise run, one run.
 
-    .venv/bin/python tools/benchmark.py [--arch tiny] [--shape 800 1216 --shape 512 512]
-        [--batch N] [--mode infer|train ...] [--dtype fp32|bf16|fp16 ...] [--threads T]
-        [--repeats R] [--quick] [--compile] [--no-memory] [--profile] [--onnx]
-        [--json bench.json]
+    .venv/bin/python tools/benchmark.py [--arch tiny|small|base|v2-tiny|...]
+        [--shape 800 1216 --shape 512 512] [--batch N] [--mode infer|train ...]
+        [--dtype fp32|bf16|fp16 ...] [--threads T] [--repeats R] [--quick] [--compile]
+        [--no-memory] [--profile] [--runtime onnxruntime|openvino ...] [--runtime-only]
+        [--detector mask-rcnn|upernet ...] [--window M (v2)] [--json bench.json]
+    .venv/bin/python tools/benchmark.py --report bench.json [more.json ...]
 
-Each record: medians of interleaved runs (ours_ms, mmdet_ms, speedup = mmdet/ours), peak memory
-of each model in a fresh child process (peak RSS above the pre-step RSS), max_abs_diff of the
-outputs on the same input, forward(+backward) GFLOPs and the fraction of this machine's sgemm
-throughput that our backbone reaches. With --dtype bf16/fp16 both models run under the same
-autocast; rel_err_vs_fp32 compares our outputs with our float32 ones and the roof is that
-dtype's matmul peak. A low-precision dtype whose matmul peak is not 1.5x fp32's (no native
-bf16 units) is skipped with a line saying so, unless --force-dtype. --profile adds, per record,
-the top operators of one step of each model (share of the step's self CPU time). --onnx adds
-ONNX Runtime lines: our backbone exported once with dynamic sizes against mmdet's exported at
-each fixed size (inference, fp32).
+Comparisons (each record: medians of interleaved runs, speedup = baseline / ours, the spread,
+peak memory of each side in a fresh child process, output diffs, GFLOPs and the fraction of
+this machine's matmul peak in the record's dtype, timed in the same rounds):
+- v1 archs: mmdet 3.3's SwinTransformer against ours; v2-*: transformers' Swinv2Model against
+  our SwinTransformerV2 (transformers importable from PYTHONPATH, else one skip line);
+- --compile: both backbones under torch.compile (training and inference) beside our eager step;
+- --runtime: mmdet's fixed-size export and our dynamic export in that runtime, per precision the
+  CPU runs, beside both eager models (inference);
+- --detector: the stock Mask R-CNN / UperNet Swin-T configs with our backbone swapped in, same
+  weights: predict and one train step (losses + backward); bf16 runs backbone and neck under
+  autocast, as ``tools/train.py --amp``.
+With --dtype bf16/fp16 both sides run under the same autocast; a dtype whose matmul peak is not
+1.5x fp32's (no native units) is skipped with a line saying so, unless --force-dtype.
+--profile adds the top operators of one step of each side. --report regenerates
+docs/performance.md, its chart docs/images/benchmark_<cpu>.png and the README headline block
+from JSON files written by --json.
 """
 import json
 import os
+import subprocess
 import sys
+import time
 
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 from swin_rpe_plugin.cli import ArgumentParser  # noqa: E402
-from swin_rpe_plugin.analysis.benchmark import (ARCHS, DTYPES, benchmark_case,  # noqa: E402
-                                                fast_low_precision, format_profile,
-                                                format_table, machine_info, sgemm_gflops)
+from swin_rpe_plugin.analysis.benchmark import ARCHS, DTYPES  # noqa: E402
+from swin_rpe_plugin.analysis.benchmark_format import format_profile, format_table  # noqa: E402
+from swin_rpe_plugin.analysis.benchmark_runner import (fast_low_precision,  # noqa: E402
+                                                       machine_info, matmul_gflops,
+                                                       run_comparison)
 
 DEFAULT_CASES = [((800, 1216), 1), ((512, 512), 2)]
-V2_ARCHS = ('v2-tiny', 'v2-small', 'v2-base')  # vs transformers' Swinv2Model (see below)
+V2_ARCHS = ('v2-tiny', 'v2-small', 'v2-base')  # vs transformers' Swinv2Model
+DETECTORS = ('mask-rcnn', 'upernet')
 
 
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--arch', choices=sorted(ARCHS) + list(V2_ARCHS), default='tiny',
-                   help='v2-*: SwinV2 against transformers\' Swinv2Model (512x512 b2, window 8; '
-                   'transformers importable from PYTHONPATH)')
+                   help='v2-*: SwinV2 against transformers\' Swinv2Model (window 8)')
+    p.add_argument('--window', type=int,
+                   help='SwinV2 window (default 8); transformers shrinks it to any stage map not '
+                   'larger, ours never does, so parity needs maps larger than the window')
     p.add_argument('--shape', type=int, nargs=2, action='append', metavar=('H', 'W'),
                    help='repeatable; default 800 1216 (batch 1) and 512 512 (batch 2)')
     p.add_argument('--batch', type=int, help='batch for every shape (default 1 / 2 as above)')
     p.add_argument('--mode', choices=['infer', 'train'], action='append',
                    help='repeatable; default both')
     p.add_argument('--dtype', choices=sorted(DTYPES), action='append',
-                   help='repeatable; default fp32. bf16/fp16 run both models under autocast')
+                   help='repeatable; default fp32. bf16/fp16 run both sides under autocast')
     p.add_argument('--force-dtype', action='store_true',
                    help='time bf16/fp16 even where their matmul is not faster than fp32')
     p.add_argument('--threads', type=int, default=torch.get_num_threads())
@@ -53,106 +69,171 @@ def parse_args(argv=None):
                    help='a minute on 2 cores: 224x224 batch 1, 2 repeats, no compile, no '
                    'memory runs (each memory run is a fresh process importing mmdet)')
     p.add_argument('--compile', dest='compile_lines', action='store_true', default=None,
-                   help='add a torch.compile inference line for the last shape (default: on '
-                   'unless --quick)')
+                   help='add torch.compile lines (train and infer) for the last shape (default: '
+                   'on unless --quick)')
     p.add_argument('--no-compile', dest='compile_lines', action='store_false')
     p.add_argument('--no-memory', action='store_true', help='skip the child-process memory runs')
     p.add_argument('--mask-padding', action='store_true',
                    help='also time our backbone with mask_padding=True')
     p.add_argument('--profile', action='store_true',
-                   help='print (and store) the top operators of a step of each model')
-    p.add_argument('--onnx', action='store_true',
-                   help='add ONNX Runtime lines (ours dynamic vs mmdet fixed-size exports)')
-    p.add_argument('--onnx-only', action='store_true', help='only the ONNX Runtime lines')
+                   help='print (and store) the top operators of a step of each side')
+    p.add_argument('--runtime', action='append', choices=['onnxruntime', 'openvino'],
+                   help='repeatable: add exported-model lines in that runtime')
+    p.add_argument('--runtime-only', action='store_true', help='only the runtime lines')
+    p.add_argument('--detector', action='append', choices=DETECTORS,
+                   help='repeatable: time the whole stock model with our backbone swapped in')
+    p.add_argument('--detector-only', action='store_true', help='only the whole-model lines')
     p.add_argument('--json', help='write the records here')
+    p.add_argument('--report', nargs='+', metavar='JSON',
+                   help='regenerate docs/performance.md, its chart and the README headline from '
+                   'these JSON files (no timing run)')
     args = p.parse_args(argv)
     for h, w in args.shape or []:
         if h < 1 or w < 1:
             p.error(f'--shape must be positive, got {h} {w}')
     if args.repeats < 1 or args.threads < 1:
         p.error('--repeats and --threads must be >= 1')
+    if args.window is not None and (args.window < 1 or args.arch not in V2_ARCHS):
+        p.error('--window is for --arch v2-* and must be >= 1')
+    if args.arch in V2_ARCHS and (args.runtime or args.detector):
+        p.error(f'--runtime and --detector compare v1 backbones: drop them or use --arch tiny')
     return args
 
 
-def main_v2(args) -> int:
-    """SwinV2: ours against transformers' Swinv2Model, same weights; timing and parity."""
-    from swin_rpe_plugin.analysis.benchmark_v2 import (benchmark_v2_case, format_v2_line,
-                                                       transformers_available)
-    if not transformers_available():
-        print('skip: transformers is not importable (install it in a separate folder and put '
-              'that on PYTHONPATH); --arch v2-* needs its Swinv2Model as the reference')
-        return 0
-    cases = [(tuple(s), args.batch or 2) for s in args.shape] if args.shape else \
-        [((512, 512), args.batch or 2)]
+def cases_of(args):
+    if args.shape:
+        return [(tuple(s), args.batch or 1) for s in args.shape]
+    if args.quick:
+        return [((224, 224), args.batch or 1)]
+    if args.arch in V2_ARCHS:
+        return [((512, 512), args.batch or 2)]
+    return [(s, args.batch or b) for s, b in DEFAULT_CASES]
+
+
+def runnable_dtypes(args, peaks):
+    dtypes = []
+    for dtype in dict.fromkeys(args.dtype or ['fp32']):
+        if dtype != 'fp32':
+            fast, peaks[dtype] = fast_low_precision(dtype, peaks['fp32'])
+            print(f'matmul {dtype}: {peaks[dtype]:.1f} GFLOP/s')
+            if not fast and not args.force_dtype:
+                print(f'skipping {dtype} lines: this CPU runs {dtype} matmul at '
+                      f'{peaks[dtype] / peaks["fp32"]:.2f}x its fp32 speed (no native {dtype} '
+                      'units), so mixed precision would not pay here; --force-dtype times it')
+                continue
+        dtypes.append(dtype)
+    return dtypes
+
+
+def jobs_of(args, dtypes):
+    """(label, builder of a Comparison, memory?) per record, built one at a time."""
+    from swin_rpe_plugin.analysis.benchmark import backbone_comparison
+    cases, modes = cases_of(args), args.mode or ['infer', 'train']
+    compile_lines = (not args.quick) if args.compile_lines is None else args.compile_lines
+    jobs = []
+    only = args.runtime_only or args.detector_only
+    if args.arch in V2_ARCHS:
+        from swin_rpe_plugin.analysis.benchmark_v2 import v2_comparison
+        jobs += [(f'{s[0]}x{s[1]} b{b} {m} {d}',
+                  lambda s=s, b=b, m=m, d=d: v2_comparison(args.arch, s, b, m, d,
+                                                           args.window or 8), True)
+                 for d in dtypes for s, b in cases for m in modes]
+        return jobs
+    if not only:
+        jobs += [(f'{s[0]}x{s[1]} b{b} {m} {d}',
+                  lambda s=s, b=b, m=m, d=d: backbone_comparison(args.arch, s, b, m, d), True)
+                 for d in dtypes for s, b in cases for m in modes]
+        if args.mask_padding:
+            jobs += [(f'{s[0]}x{s[1]} b{b} infer {d} mask_padding',
+                      lambda s=s, b=b, d=d: backbone_comparison(
+                          args.arch, s, b, 'infer', d, ours_kwargs={'mask_padding': True}), True)
+                     for d in dtypes for s, b in cases]
+        if compile_lines and dtypes:  # compiling Swin-T takes minutes: the last shape only
+            jobs += [(f'{s[0]}x{s[1]} b{b} {m} {dtypes[0]} compile',
+                      lambda s=s, b=b, m=m: backbone_comparison(args.arch, s, b, m, dtypes[0],
+                                                                compile_model=True), False)
+                     for s, b in cases[-1:] for m in modes]
+    if args.detector and not args.runtime_only:
+        from swin_rpe_plugin.analysis.benchmark_detector import (DEFAULT_CASES,
+                                                                  detector_comparison)
+        for det in args.detector:  # each model at its own size unless --shape says
+            det_cases = [(tuple(s), args.batch or DEFAULT_CASES[det][1]) for s in args.shape] \
+                if args.shape else [DEFAULT_CASES[det]]
+            jobs += [(f'{det} {s[0]}x{s[1]} b{b} {m} {d}',
+                      lambda det=det, s=s, b=b, m=m, d=d: detector_comparison(det, s, m, d, b),
+                      True)
+                     for d in dtypes for s, b in det_cases for m in modes]
+    return jobs
+
+
+def runtime_records(args, progress):
+    """Records of every runtime and precision this CPU runs, one export of ours per run."""
+    from swin_rpe_plugin.analysis.onnx_benchmark import RuntimeExports
+    from swin_rpe_plugin.deploy.runtimes import get_runtime
     records = []
-    for shape, batch in cases:
-        for mode in args.mode or ['infer', 'train']:
-            records.append(benchmark_v2_case(args.arch, shape, batch, mode, args.repeats))
-            print(format_v2_line(records[-1]), flush=True)
-    if args.json:
-        with open(args.json, 'w') as f:
-            json.dump(dict(threads=args.threads, records=records), f, indent=1)
-        print(f'wrote {args.json}')
-    return 0
+    with RuntimeExports(args.arch, args.threads) as exports:
+        for name in args.runtime:
+            runtime = get_runtime(name)
+            reason = runtime.available()
+            if reason is not None:
+                print(f'skip {name}: {reason}')
+                continue
+            for precision in runtime.precisions():
+                for shape, batch in cases_of(args):
+                    progress.set_postfix_str(f'{name} {precision} {shape[0]}x{shape[1]} b{batch}')
+                    c = exports.comparison(runtime, precision, shape, batch)
+                    records.append(run_comparison(c, args.repeats, args.threads, progress))
+    return records
+
+
+def provenance(argv) -> dict:
+    """Command, date and commit of this run, for the report."""
+    try:
+        commit = subprocess.run(['git', '-C', ROOT, 'rev-parse', '--short', 'HEAD'],
+                                capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = 'unknown'
+    command = ' '.join(['tools/benchmark.py'] + list(sys.argv[1:] if argv is None else argv))
+    # Kernel and backend overrides change what is measured: they belong to the command.
+    settings = ' '.join(f'{k}={v}' for k, v in sorted(os.environ.items())
+                        if k.startswith('SWIN_RPE_') and k != 'SWIN_RPE_SHARED')
+    return dict(command=f'{settings} {command}' if settings else command, date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+                commit=commit)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.report:
+        from swin_rpe_plugin.analysis.benchmark_report import write_report
+        for path in write_report(args.report, ROOT):
+            print(f'wrote {os.path.relpath(path, ROOT)}')
+        return 0
     torch.set_num_threads(args.threads)
     if args.quick:
-        args.repeats = 2
+        args.repeats, args.no_memory = 2, True
     if args.arch in V2_ARCHS:
-        return main_v2(args)
-    cases = [(tuple(s), args.batch or 1) for s in args.shape] if args.shape else DEFAULT_CASES
-    if args.quick and not args.shape:
-        cases = [((224, 224), args.batch or 1)]
-    if args.quick:
-        args.no_memory = True
-    if args.batch and not args.shape:
-        cases = [(s, args.batch) for s, _ in cases]
-    modes = args.mode or ['infer', 'train']
-    compile_lines = (not args.quick) if args.compile_lines is None else args.compile_lines
+        from swin_rpe_plugin.analysis.benchmark_v2 import transformers_available
+        if not transformers_available():
+            print('skip: transformers is not importable (install it in a separate folder and '
+                  'put that on PYTHONPATH); --arch v2-* needs its Swinv2Model as the reference')
+            return 0
 
     machine = machine_info(args.threads)
-    sgemm = {'fp32': sgemm_gflops()}
+    peaks = {'fp32': matmul_gflops()}
     print(f'{machine["cpu"]}, {args.threads} threads, torch {machine["torch"]}; matmul fp32: '
-          f'{sgemm["fp32"]:.1f} GFLOP/s')
-    dtypes = []
-    for dtype in dict.fromkeys(args.dtype or ['fp32']):
-        if dtype != 'fp32':
-            fast, sgemm[dtype] = fast_low_precision(dtype, sgemm['fp32'])
-            print(f'matmul {dtype}: {sgemm[dtype]:.1f} GFLOP/s')
-            if not fast and not args.force_dtype:
-                print(f'skipping {dtype} lines: this CPU runs {dtype} matmul at '
-                      f'{sgemm[dtype] / sgemm["fp32"]:.2f}x its fp32 speed (no native {dtype} '
-                      'units), so mixed precision would not pay here; --force-dtype times it')
-                continue
-        dtypes.append(dtype)
-
-    jobs = [(s, b, m, False, {}, d) for d in dtypes for s, b in cases for m in modes]
-    if args.mask_padding:
-        jobs += [(s, b, 'infer', False, {'mask_padding': True}, d) for d in dtypes
-                 for s, b in cases]
-    if compile_lines:  # compiling Swin-T takes minutes: one line, on the last shape
-        jobs += [(s, b, 'infer', True, {}, dtypes[0]) for s, b in cases[-1:] if dtypes]
-
-    if args.onnx_only:
-        jobs, args.onnx = [], True
+          f'{peaks["fp32"]:.1f} GFLOP/s')
+    dtypes = runnable_dtypes(args, peaks)
+    jobs = [] if args.runtime_only else jobs_of(args, dtypes)
     records = []
     with tqdm(total=len(jobs) * args.repeats, desc='benchmark', unit='run') as bar:
-        for shape, batch, mode, compiled, kwargs, dtype in jobs:
-            bar.set_postfix_str(f'{args.arch} {shape[0]}x{shape[1]} b{batch} {mode} {dtype}'
-                                + (' compile' if compiled else ''))
-            record = benchmark_case(
-                args.arch, shape, batch, mode, args.repeats, args.threads, sgemm[dtype],
-                measure_memory=not args.no_memory and not compiled, compile_model=compiled,
-                ours_kwargs=kwargs, progress=bar, dtype=dtype,
-                profile=args.profile and not compiled)
+        for label, build, memory in jobs:
+            bar.set_postfix_str(f'{args.arch} {label}')
+            record = run_comparison(build(), args.repeats, args.threads, bar,
+                                    profile=args.profile,
+                                    measure_memory=memory and not args.no_memory)
             records.append(dict(record, **machine))
-    if args.onnx:
-        from swin_rpe_plugin.analysis.onnx_benchmark import onnx_records
-        records += [dict(r, **machine) for r in onnx_records(args.arch, cases, args.repeats,
-                                                             args.threads)]
+        if args.runtime:
+            records += [dict(r, **machine) for r in runtime_records(args, bar)]
     print(format_table(records))
     for record in records:
         if 'profile' in record:
@@ -163,7 +244,8 @@ def main(argv=None) -> int:
               f'{args.threads} threads): numbers not trustworthy, rerun when the machine is idle')
     if args.json:
         with open(args.json, 'w') as f:
-            json.dump(dict(machine, matmul_gflops=sgemm, records=records), f, indent=1)
+            json.dump(dict(machine, matmul_gflops=peaks, **provenance(argv), records=records),
+                      f, indent=1)
         print(f'wrote {args.json}')
     return 0
 

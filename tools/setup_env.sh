@@ -44,4 +44,16 @@ fi
   -r requirements/deploy.txt
 "${pip[@]}" --no-deps --no-build-isolation -e .
 "$venv/bin/python" -c "$check; print('setup: mmcv.ops, mmdet, mmseg import cleanly')"
+
+# transformers for the SwinV2 benchmark test (tests/analysis/test_benchmark_comparisons.py), in a
+# folder of its own that only that test puts on PYTHONPATH: its pins (regex, safetensors) are
+# newer than the stack's. The smallest set with which `from transformers import Swinv2Model`
+# imports (tokenizers: transformers 5.24 annotates with its classes at import time).
+reference=$venv/reference
+if ! PYTHONPATH=$reference "$venv/bin/python" -c 'from transformers import Swinv2Model' 2>/dev/null; then
+  "${pip[@]}" --no-deps --upgrade --target "$reference" transformers==5.24.0 \
+    huggingface_hub==1.33.0 tokenizers==0.23.3 regex==2026.11.19 safetensors==0.8.0 \
+    httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 idna==3.20 certifi==2026.10.19.post1
+  PYTHONPATH=$reference "$venv/bin/python" -c 'from transformers import Swinv2Model'
+fi
 echo "$want" > "$stamp"

@@ -9,11 +9,12 @@ before patch merging (hooked), passed through our output norm.
 import math
 import os
 import tempfile
-from typing import Dict, Tuple
+from typing import Tuple
 
 import torch
 
-from .benchmark import max_abs_diff, step_fn, time_interleaved
+from .benchmark import backbone_gflops, max_abs_diff, max_rel_err, step_fn
+from .benchmark_runner import ChildStep, Comparison
 
 ARCHS_V2 = {
     'v2-tiny': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
@@ -69,7 +70,7 @@ def build_v2_pair(arch: str, shape: Tuple[int, int], window: int = 8, seed: int 
     return reference, ours
 
 
-def reference_step(model, mode: str):
+def reference_step(model, mode: str, dtype: str = 'fp32'):
     """transformers' forward with every stage's hidden state, as a step function."""
     def forward(x):
         out = model(pixel_values=x, output_hidden_states=True)
@@ -82,7 +83,7 @@ def reference_step(model, mode: str):
 
         def forward(self, x):
             return forward(x)
-    return step_fn(Wrapped(), mode)
+    return step_fn(Wrapped(), mode, dtype)
 
 
 def v2_parity(reference, ours, x: torch.Tensor) -> float:
@@ -109,23 +110,34 @@ def v2_parity(reference, ours, x: torch.Tensor) -> float:
     return max_abs_diff(outs, normed)
 
 
-def benchmark_v2_case(arch: str, shape: Tuple[int, int], batch: int, mode: str, repeats: int,
-                      window: int = 8, progress=None) -> Dict[str, object]:
-    """Median ms of ours and of transformers' Swinv2Model for one step, speedup, parity."""
+def v2_memory_step(which: str, arch: str, shape, batch: int, mode: str, dtype: str,
+                   window: int):
+    """(step, input) of one side of the pair, built alone: what a memory child measures."""
+    reference, ours = build_v2_pair(arch, tuple(shape), window)
+    step = step_fn(ours, mode, dtype) if which == 'ours' else reference_step(reference, mode, dtype)
+    return step, torch.randn(batch, 3, *shape)
+
+
+def v2_comparison(arch: str, shape: Tuple[int, int], batch: int, mode: str,
+                  dtype: str = 'fp32', window: int = 8) -> Comparison:
+    """transformers' Swinv2Model against our SwinTransformerV2, same weights and input.
+
+    max_abs_diff is the stage parity of :func:`v2_parity` (float32); rel_err_vs_fp32 compares
+    ours in ``dtype`` with ours in float32. The roofline counts our forward (x3 for train).
+    """
     reference, ours = build_v2_pair(arch, shape, window)
     x = torch.randn(batch, 3, *shape)
-    parity = v2_parity(reference, ours, x)
-    times = time_interleaved({'ours': step_fn(ours, mode),
-                              'transformers': reference_step(reference, mode)}, x, repeats,
-                             progress=progress)
-    return dict(arch=arch, shape=list(shape), batch=batch, mode=mode, window=window,
-                ours_ms=times['ours'], transformers_ms=times['transformers'],
-                speedup=times['transformers'] / times['ours'], max_abs_diff=parity,
-                threads=torch.get_num_threads())
-
-
-def format_v2_line(r: Dict[str, object]) -> str:
-    return (f"{r['arch']} {r['shape'][0]}x{r['shape'][1]} b{r['batch']} w{r['window']} "
-            f"{r['mode']:<5}  ours {r['ours_ms']:8.1f} ms  transformers "
-            f"{r['transformers_ms']:8.1f} ms  speedup {r['speedup']:.2f}x  "
-            f"parity {r['max_abs_diff']:.1e}  ({r['threads']} threads)")
+    checks = dict(max_abs_diff=v2_parity(reference, ours, x),
+                  rel_err_vs_fp32=max_rel_err(step_fn(ours, 'infer', dtype)(x),
+                                              step_fn(ours, 'infer')(x)))
+    gflops = backbone_gflops(ours, shape, batch) * (3 if mode == 'train' else 1)
+    key = dict(kind='v2', arch=arch, shape=list(shape), batch=batch, mode=mode, dtype=dtype,
+               window=window)
+    memory = {which: ChildStep(f'{__name__}:v2_memory_step',
+                               dict(which=which, arch=arch, shape=list(shape), batch=batch,
+                                    mode=mode, dtype=dtype, window=window))
+              for which in ('transformers', 'ours')}
+    steps = {'transformers': reference_step(reference, mode, dtype),
+             'ours': step_fn(ours, mode, dtype)}
+    return Comparison(key, steps, x, baseline='transformers', gflops=gflops, roof_dtype=dtype,
+                      checks=checks, memory=memory)

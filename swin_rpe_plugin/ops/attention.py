@@ -7,7 +7,7 @@ explicit path adds the float32 bias before its softmax, which promotes the logit
 
 Imports torch only.
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -98,12 +98,12 @@ def _every_window(mask: Tensor, nw: int, like: Tensor) -> Tensor:
 
 def _cpu_fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
                scale: float, dropout_p: float, nw: int) -> Tensor:
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias))
-    if needs_grad and dropout_p == 0 and not torch.jit.is_tracing():
+    if dropout_p == 0 and not torch.jit.is_tracing():
         # SDPA's CPU flash kernel has no gradient for the mask, so autograd would fall back
-        # to the math path, which keeps every attention matrix for the backward. Ours runs the
-        # flash forward and recomputes the attention matrices one image at a time backward.
-        return _RecomputedWindowAttention.apply(q, k, v, bias, mask, scale, nw)
+        # to the math path, which keeps every attention matrix for the backward. The op runs
+        # the flash forward and recomputes the attention matrices one image at a time backward;
+        # registered, so torch.compile calls it as it is.
+        return _attention_op(q, k, v, bias, mask, scale, nw)
     return _fused(q, k, v, bias, mask, scale, dropout_p, nw)
 
 
@@ -159,44 +159,69 @@ def _explicit(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tens
     return (attn @ v).transpose(1, 2).reshape(bw, n, heads * head_dim)
 
 
-class _RecomputedWindowAttention(torch.autograd.Function):
-    """Flash forward; backward recomputes softmax(q k^T s + bias + mask) per image."""
+@torch.library.custom_op('swin_rpe::window_attention', mutates_args=())
+def _attention_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
+                  scale: float, nw: int) -> Tensor:
+    """Flash forward of :func:`_fused` (no dropout); backward: :func:`_attention_backward_op`."""
+    return _fused(q, k, v, bias, mask, scale, 0.0, nw)
 
-    @staticmethod
-    def forward(ctx, q, k, v, bias, mask, scale, nw):
-        ctx.save_for_backward(q, k, v, bias, mask)
-        ctx.scale, ctx.nw = scale, nw
-        with torch.no_grad():
-            return _fused(q, k, v, bias, mask, scale, 0.0, nw)
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, bias, mask = ctx.saved_tensors
-        dtypes = (q.dtype, k.dtype, v.dtype, bias.dtype)
-        # Backward in float32 whatever the forward ran in (autocast does not reach here).
-        q, k, v, bias, grad_out = (t.float() for t in (q, k, v, bias, grad_out))
-        scale, nw = ctx.scale, ctx.nw
-        bw, heads, n, head_dim = q.shape
-        grad_out = grad_out.reshape(bw, n, heads, head_dim).transpose(1, 2)
-        # With q pre-scaled, dk = ds^T (q s) needs no scaling and dq = (ds k) s is scaled once.
-        q = q * scale
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        dbias = torch.zeros(heads, n, n, device=q.device)
-        for image, lo in enumerate(range(0, bw, nw)):  # per image bounds the matrices
-            hi = lo + nw
-            qi, ki, vi, gi = q[lo:hi], k[lo:hi], v[lo:hi], grad_out[lo:hi]
-            logits = torch.matmul(qi, ki.transpose(-2, -1)).add_(bias)
-            if mask is not None:
-                m = mask[image] if mask.dim() == 4 else mask
-                logits[nw - m.shape[0]:] += m.unsqueeze(1).to(logits.dtype)
-            p = logits.softmax(dim=-1)
-            del logits
-            torch.matmul(p.transpose(-2, -1), gi, out=dv[lo:hi])
-            ds = torch.matmul(gi, vi.transpose(-2, -1))  # dp, turned into ds in place
-            ds.sub_((ds * p).sum(-1, keepdim=True)).mul_(p)
-            dbias += ds.sum(0)
-            torch.matmul(ds, ki, out=dq[lo:hi])
-            torch.matmul(ds.transpose(-2, -1), qi, out=dk[lo:hi])
-        dq.mul_(scale)
-        grads = (g.to(dt) for g, dt in zip((dq, dk, dv, dbias), dtypes))
-        return (*grads, None, None, None)
+@_attention_op.register_fake
+def _(q, k, v, bias, mask, scale, nw):
+    bw, heads, n, head_dim = q.shape
+    return q.new_empty((bw, n, heads * head_dim))
+
+
+def _attention_setup(ctx, inputs, output) -> None:
+    q, k, v, bias, mask, scale, nw = inputs
+    ctx.save_for_backward(q, k, v, bias, mask)
+    ctx.scale, ctx.nw = scale, nw
+
+
+def _attention_backward(ctx, grad_out: Tensor):
+    q, k, v, bias, mask = ctx.saved_tensors
+    dq, dk, dv, dbias = _attention_backward_op(grad_out.contiguous(), q, k, v, bias, mask,
+                                               ctx.scale, ctx.nw)
+    return dq, dk, dv, dbias, None, None, None
+
+
+_attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
+
+
+@torch.library.custom_op('swin_rpe::window_attention_backward', mutates_args=())
+def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
+                           mask: Optional[Tensor], scale: float,
+                           nw: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dbias): softmax(q k^T s + bias + mask) recomputed per image."""
+    dtypes = (q.dtype, k.dtype, v.dtype, bias.dtype)
+    # Backward in float32 whatever the forward ran in (autocast does not reach here).
+    q, k, v, bias, grad_out = (t.float() for t in (q, k, v, bias, grad_out))
+    bw, heads, n, head_dim = q.shape
+    grad_out = grad_out.reshape(bw, n, heads, head_dim).transpose(1, 2)
+    # With q pre-scaled, dk = ds^T (q s) needs no scaling and dq = (ds k) s is scaled once.
+    q = q * scale
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dbias = torch.zeros(heads, n, n, device=q.device)
+    for image, lo in enumerate(range(0, bw, nw)):  # per image bounds the matrices
+        hi = lo + nw
+        qi, ki, vi, gi = q[lo:hi], k[lo:hi], v[lo:hi], grad_out[lo:hi]
+        logits = torch.matmul(qi, ki.transpose(-2, -1)).add_(bias)
+        if mask is not None:
+            m = mask[image] if mask.dim() == 4 else mask
+            logits[nw - m.shape[0]:] += m.unsqueeze(1).to(logits.dtype)
+        p = logits.softmax(dim=-1)
+        del logits
+        torch.matmul(p.transpose(-2, -1), gi, out=dv[lo:hi])
+        ds = torch.matmul(gi, vi.transpose(-2, -1))  # dp, turned into ds in place
+        ds.sub_((ds * p).sum(-1, keepdim=True)).mul_(p)
+        dbias += ds.sum(0)
+        torch.matmul(ds, ki, out=dq[lo:hi])
+        torch.matmul(ds.transpose(-2, -1), qi, out=dk[lo:hi])
+    dq.mul_(scale)
+    return tuple(g.to(dt) for g, dt in zip((dq, dk, dv, dbias), dtypes))
+
+
+@_attention_backward_op.register_fake
+def _(grad_out, q, k, v, bias, mask, scale, nw):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            torch.empty_like(bias))

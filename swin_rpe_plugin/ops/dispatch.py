@@ -1,8 +1,9 @@
 """The one dispatch point between the CPU fast paths and standard PyTorch.
 
 The fast paths (oneDNN linears, the CPU flash attention split into unmasked and masked windows,
-the attention backward recomputed per image) are written for CPU. Everywhere else (CUDA, any
-other device, tracers, torch.compile) the core runs standard PyTorch: ``F.linear`` and one
+the attention backward recomputed per image) are written for CPU and registered as torch.library
+ops, so eager and torch.compile run the same kernels. Everywhere else (CUDA, any other device,
+tracers and exporters) the core runs standard PyTorch: ``F.linear`` and one
 ``F.scaled_dot_product_attention`` call with bias and mask as ``attn_mask``, so each device
 picks its own kernels (on CUDA the memory-efficient one, which also returns the mask gradient).
 
@@ -69,11 +70,14 @@ def force_backend(name: str) -> Iterator[None]:
 def use_cpu_fast_paths(x: Tensor) -> bool:
     """True when x's computation may take the CPU-specific kernels.
 
-    False on other devices, when the generic backend is forced, under torch.compile (inductor
-    picks its own kernels) and under tracers (exporters and FLOP counters see plain ops).
+    False on other devices, when the generic backend is forced, and under exporters and
+    tracers (ONNX, torch.export and FLOP counters see plain ops). True under torch.compile on
+    CPU: the fast paths are registered ops (``swin_rpe::linear``, ``swin_rpe::window_attention``
+    with their shape functions and backwards), which the compiler calls as they are.
     """
-    if torch.compiler.is_compiling():  # checked first: the other checks break dynamo graphs
-        return False
+    if torch.compiler.is_compiling():  # checked first: jit's tracing check breaks dynamo graphs
+        return (not torch.compiler.is_exporting() and x.device.type == 'cpu'
+                and backend() == 'auto')
     return x.device.type == 'cpu' and not torch.jit.is_tracing() and backend() == 'auto'
 
 

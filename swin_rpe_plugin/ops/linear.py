@@ -36,8 +36,8 @@ def onednn_available(x: Tensor) -> bool:
     built in, and products in float32, or in bfloat16 on a CPU whose oneDNN has bf16 kernels
     (autocast's dtype or x's own).
 
-    Not under torch.compile (inductor picks its own kernels: with
-    ``torch._inductor.config.freezing = True`` oneDNN ones) nor under a tracer.
+    Under torch.compile too (the product is the registered op ``swin_rpe::linear``, which
+    the compiler keeps as one call); not under a tracer or exporter, which see ``F.linear``.
     """
     if _OP is None or not _MKLDNN or not use_cpu_fast_paths(x):
         return False
@@ -58,26 +58,44 @@ def _product(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     return F.linear(x, weight, bias)
 
 
-class _Linear(torch.autograd.Function):
+# The product as a registered op (shape function and backward beside it), so torch.compile sees
+# one opaque call and keeps the oneDNN kernel instead of switching the fast path off.
+@torch.library.custom_op('swin_rpe::linear', mutates_args=())
+def _linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], gelu: bool) -> Tensor:
+    """x @ weight.T (+ bias), then exact GELU if ``gelu`` (fused: no gradient for it)."""
+    if gelu:  # the fused epilogue is oneDNN's alone
+        return _onednn(x, weight, bias, 'gelu')
+    return _product(x, weight, bias)
 
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return _product(x, weight, bias)
 
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        x, weight = ctx.saved_tensors
-        grad_x = grad_w = grad_b = None
-        grad2d = grad.reshape(-1, grad.shape[-1])
-        if ctx.needs_input_grad[0]:
-            grad_x = _product(grad, weight.t(), None)
-        if ctx.needs_input_grad[1]:
-            grad_w = grad2d.t() @ x.reshape(-1, x.shape[-1])
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = grad2d.sum(0)
-        return grad_x, grad_w, grad_b
+@_linear_op.register_fake
+def _(x: Tensor, weight: Tensor, bias: Optional[Tensor], gelu: bool) -> Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _linear_setup(ctx, inputs, output) -> None:
+    x, weight, bias, gelu = inputs
+    if gelu:
+        raise RuntimeError('swin_rpe::linear with gelu=True has no gradient: call it under '
+                           'no_grad, or apply F.gelu to its output')
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _linear_backward(ctx, grad: Tensor):
+    x, weight = ctx.saved_tensors
+    grad_x = grad_w = grad_b = None
+    grad2d = grad.reshape(-1, grad.shape[-1])
+    if ctx.needs_input_grad[0]:
+        grad_x = _linear_op(grad, weight.t(), None, False)
+    if ctx.needs_input_grad[1]:
+        grad_w = grad2d.t() @ x.reshape(-1, x.shape[-1])
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_b = grad2d.sum(0)
+    return grad_x, grad_w, grad_b, None
+
+
+_linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
 
 
 # bf16 copies of parameters for products that need no gradient. autocast caches its casts only
@@ -91,8 +109,8 @@ _CASTS = WeakIdKeyDictionary()
 def _cast_parameter(t: Tensor, dtype: torch.dtype) -> Tensor:
     if t.dtype == dtype:
         return t
-    if torch.is_grad_enabled() and t.requires_grad:
-        return t.to(dtype)  # differentiable
+    if (torch.is_grad_enabled() and t.requires_grad) or torch.compiler.is_compiling():
+        return t.to(dtype)  # differentiable; compiled code folds or fuses the cast itself
     key = (t._version, t.data_ptr(), dtype)
     entry = _CASTS.get(t)
     if entry is None or entry[0] != key:
@@ -119,8 +137,6 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     if not needs_grad:
-        if gelu:  # the fused epilogue is oneDNN's alone
-            return _onednn(x, weight, bias, 'gelu')
-        return _product(x, weight, bias)
-    out = _Linear.apply(x, weight, bias)
+        return _linear_op(x, weight, bias, gelu)
+    out = _linear_op(x, weight, bias, False)
     return F.gelu(out) if gelu else out

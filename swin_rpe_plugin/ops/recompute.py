@@ -78,8 +78,9 @@ def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
     """
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or any(p.requires_grad for p in prefix_params))
-    # Tracers (FLOP counters, exporters) see plain ops.
-    if not needs_grad or torch.jit.is_tracing():
+    # Tracers (FLOP counters, exporters) see plain ops; under torch.compile the partitioner
+    # decides what backward keeps or recomputes (it cannot trace autograd.grad in a backward).
+    if not needs_grad or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return linear(prefix(x), weight, bias)
     return _LinearRecomputedInput.apply(x, weight, bias, prefix, len(prefix_params),
                                         *prefix_params)

@@ -1,0 +1,70 @@
+"""Console output of the benchmark: one table over every kind of record, and the profile table."""
+from typing import List
+
+__all__ = ['format_table', 'format_profile', 'other_steps', 'case_label']
+
+COLUMNS = ['kind', 'arch', 'shape', 'batch', 'mode', 'dtype', 'precision', 'baseline',
+           'baseline_ms', 'ours_ms', 'speedup', 'others', 'baseline_peak_mb', 'ours_peak_mb',
+           'mem_ratio', 'max_abs_diff', 'rel_err_vs_fp32', 'gflops', 'roofline_fraction', 'flags']
+
+
+def other_steps(record: dict) -> List[str]:
+    """Names of the timed steps beside baseline and candidate (our eager step next to compiled
+    ones, eager models next to runtimes)."""
+    named = {record.get('baseline'), record.get('candidate')}
+    return [k[:-3] for k in record if k.endswith('_ms') and not k.endswith('spread_ms')
+            and k[:-3] not in named]
+
+
+def _cell(record: dict, column: str) -> str:
+    base, cand = record.get('baseline'), record.get('candidate', 'ours')
+    value = {'baseline_ms': record.get(f'{base}_ms'), 'ours_ms': record.get(f'{cand}_ms'),
+             'baseline_peak_mb': record.get(f'{base}_peak_mb'),
+             'ours_peak_mb': record.get(f'{cand}_peak_mb'),
+             'precision': (f"{record['runtime']} {record['precision']}" if 'runtime' in record
+                           else None),
+             'others': ' '.join(f'{n} {record[n + "_ms"]:.1f}' for n in other_steps(record))
+             or None}.get(column, record.get(column))
+    if value is None:
+        return '-'
+    if column == 'shape':
+        return 'x'.join(map(str, value))
+    if column == 'flags':
+        return ' '.join(value) if value else '-'
+    if isinstance(value, float):
+        return f'{value:.2e}' if column in ('max_abs_diff', 'rel_err_vs_fp32') else f'{value:.2f}'
+    return str(value)
+
+
+def format_table(records: List[dict]) -> str:
+    """Aligned text table: baseline and ours (the candidate) of each record, other steps in
+    'others', '-' where a record has no value."""
+    rows = [COLUMNS] + [[_cell(r, c) for c in COLUMNS] for r in records]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = [' | '.join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
+    lines.insert(1, '-+-'.join('-' * w for w in widths))
+    return '\n'.join(lines)
+
+
+def case_label(record: dict) -> str:
+    """'tiny 512x512 b2 train bf16' (+ runtime and precision)."""
+    label = (f"{record['arch']} {'x'.join(map(str, record['shape']))} b{record['batch']} "
+             f"{record['mode']} {record['dtype']}")
+    if 'runtime' in record:
+        label += f" {record['runtime']} {record['precision']}"
+    return label
+
+
+def format_profile(record: dict) -> str:
+    """Side-by-side top operators of the profiled steps of one record."""
+    names = list(record['profile'])
+    lines = [case_label(record), '   | '.join(f'{n:<48} share' for n in names)]
+    tables = [record['profile'][n] for n in names]
+    for i in range(max(len(t) for t in tables)):
+        cells = [f"{rows[i]['op'][:48]:<48} {rows[i]['share']:5.1%}" if i < len(rows)
+                 else ' ' * 54 for rows in tables]
+        lines.append('   | '.join(cells))
+    for name, rows in zip(names, tables):  # the cast share the bf16 work is judged by
+        copy = sum(r['share'] for r in rows if r['op'] == 'aten::copy_')
+        lines.append(f'{name}: aten::copy_ {copy:.1%} of self CPU time')
+    return '\n'.join(lines)

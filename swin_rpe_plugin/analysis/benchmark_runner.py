@@ -1,0 +1,249 @@
+"""The one benchmark loop: timing, memory and roofline of any comparison described as data.
+
+A :class:`Comparison` names the steps to time on one input (mmdet's backbone and ours; transformers'
+Swinv2Model and ours; an exported model in a runtime and eager; two whole detectors), which two the
+speedup compares, the work of one candidate step and the checks (output diffs) its builder computed.
+:func:`run_comparison` turns it into one JSON record:
+
+- Timing interleaves every step and two n x n matmuls of the comparison's dtype (A, B, roof, A, B,
+  roof, ...) after a warm-up round and reports medians and spreads. The roof runs in the same rounds
+  as the models, so a busy moment slows both and the roofline fraction stays meaningful.
+- Peak memory is measured in a fresh child process per step (:class:`ChildStep` says how to rebuild
+  it there): the kernel's peak resident set size (VmHWM) is reset to the current size just before
+  the measured call (``/proc/self/clear_refs``), and the peak minus the size before it is what the
+  step added on top of weights, input and the interpreter.
+"""
+import gc
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+__all__ = ['DTYPES', 'ROOF_N', 'ChildStep', 'Comparison', 'run_comparison', 'time_interleaved',
+           'roof_steps', 'matmul_gflops', 'fast_low_precision', 'record_flags', 'machine_info',
+           'profile_ops', 'child_peak_mb']
+
+DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+ROOF_N = 1024  # the roof's product: n x n by n x n, 2 n^3 flops, ~10-40 ms on 2 cores
+
+
+@dataclass
+class ChildStep:
+    """How a fresh process rebuilds one step for the memory measurement.
+
+    ``factory`` is 'module:function'; called with ``kwargs`` (JSON-able) it returns (step, input)
+    and the child measures the peak of ``step(input)``.
+    """
+    factory: str
+    kwargs: Dict[str, Any]
+
+
+@dataclass
+class Comparison:
+    """One record's worth of work for :func:`run_comparison`.
+
+    Attributes:
+        key: the fields that name the record (arch, shape, batch, mode, dtype; runtime and
+            precision for runtime records); copied into it first.
+        steps: name -> step(x); every one is timed.
+        x: the input all steps take.
+        baseline, candidate: the two step names of ``speedup = baseline_ms / candidate_ms``.
+        gflops: work of one candidate step (forward GFLOPs, x3 for a train step) for the
+            roofline; None where it is not counted.
+        roof_dtype: the dtype whose matmul peak is the roof ('fp32', 'bf16').
+        checks: numbers the builder computed (max_abs_diff, rel_err_vs_fp32, ...), copied in.
+        memory: name -> ChildStep for the steps whose peak memory is measured (None: none).
+        profile: the steps to profile when profiling is asked for (default: baseline, candidate).
+    """
+    key: Dict[str, Any]
+    steps: Dict[str, Callable[[Any], Any]]
+    x: Any
+    baseline: str
+    candidate: str = 'ours'
+    gflops: Optional[float] = None
+    roof_dtype: str = 'fp32'
+    checks: Dict[str, Any] = field(default_factory=dict)
+    memory: Optional[Dict[str, ChildStep]] = None
+    profile: Optional[Tuple[str, ...]] = None
+
+
+def time_interleaved(fns: Dict[str, Callable], x, repeats: int, warmup: int = 1, progress=None):
+    """Median milliseconds per call of each function, calls interleaved round-robin; and
+    every timing (for the spread)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn(x)
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn(x)
+            times[name].append((time.perf_counter() - t0) * 1e3)
+        if progress is not None:
+            progress.update(1)
+    return {name: statistics.median(ts) for name, ts in times.items()}, times
+
+
+def _matmuls(n: int, dtype: str) -> Dict[str, Callable[[], Any]]:
+    """An n x n product in ``dtype`` by torch.mm (MKL's sgemm in fp32) and by oneDNN's matmul
+    (``ops.linear``): on AMD CPUs MKL takes a slow path, and the faster library sets the roof."""
+    from ..ops import linear
+    a, b = torch.randn(n, n, dtype=DTYPES[dtype]), torch.randn(n, n, dtype=DTYPES[dtype])
+    return {'roof_mkl': lambda: torch.mm(a, b), 'roof_onednn': lambda: linear(a, b)}
+
+
+def roof_steps(n: int = ROOF_N, dtype: str = 'fp32') -> Dict[str, Callable[[Any], Any]]:
+    """The roof's products as steps (they ignore the input), timed with the models."""
+    return {name: (lambda _x, fn=fn: fn()) for name, fn in _matmuls(n, dtype).items()}
+
+
+def matmul_gflops(n: int = 2048, repeats: int = 5, dtype: str = 'fp32') -> float:
+    """This machine's matmul peak in ``dtype`` now (GFLOP/s, 2 n^3 flops per n x n product)."""
+    best = float('inf')
+    for fn in _matmuls(n, dtype).values():
+        fn()
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def fast_low_precision(dtype: str, fp32_gflops: float) -> Tuple[bool, float]:
+    """(worth timing, peak GFLOP/s) for bf16/fp16: measured, not guessed from the CPU vendor.
+
+    A dtype is worth a line when its matmul peak beats fp32's by 1.5x (native bf16 units such
+    as AMX or avx512_bf16); where it is emulated it runs at or below fp32 speed.
+    """
+    # n = 1024, 2 repeats: where bf16 is emulated (~1-2 GFLOP/s on a Zen 3) the default product
+    # would take minutes to say so.
+    peak = matmul_gflops(n=1024, repeats=2, dtype=dtype)
+    return peak >= 1.5 * fp32_gflops, peak
+
+
+def record_flags(record: dict, threads: int) -> List[str]:
+    """Why a record should not be trusted: a roofline above 1, or a busy machine."""
+    flags = []
+    if (record.get('roofline_fraction') or 0) > 1:
+        flags.append('roofline>1')
+    if record.get('load_avg', 0) > threads:
+        flags.append(f'busy(load {record["load_avg"]:.1f}>{threads})')
+    return flags
+
+
+CPU_FEATURES = ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16')  # what the kernels' speed turns on
+
+
+def machine_info(threads: int) -> dict:
+    """CPU model (name, family/model, the vector features that matter), thread count and torch
+    version, for every JSON record. A KVM guest's model name can be as bare as 'AMD EPYC'."""
+    fields = {}
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor is enough
+                key, _, value = line.partition(':')
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    flags = fields.get('flags', '').split()
+    return dict(cpu=fields.get('model name', 'unknown'),
+                cpu_family_model=f"{fields.get('cpu family', '?')}/{fields.get('model', '?')}",
+                cpu_features=[f for f in CPU_FEATURES if f in flags],
+                threads=threads, torch=torch.__version__)
+
+
+def profile_ops(fn: Callable, x, top: int = 12) -> List[dict]:
+    """The operators that take the time of one call of fn(x): self CPU time, share of the call.
+
+    One warm-up call first; torch.profiler's per-operator self time (time inside an operator
+    minus its children), so the shares add up to at most 1.
+    """
+    from torch.profiler import ProfilerActivity, profile
+    fn(x)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn(x)
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)
+    events.sort(key=lambda e: -e.self_cpu_time_total)
+    return [dict(op=e.key, share=e.self_cpu_time_total / total, calls=e.count,
+                 ms=e.self_cpu_time_total / 1e3) for e in events[:top]]
+
+
+def child_peak_mb(step: ChildStep, threads: int) -> float:
+    """Run one step in a fresh process; return its peak RSS increase in MB."""
+    spec = json.dumps(dict(factory=step.factory, kwargs=step.kwargs, threads=threads))
+    # The child imports this package from where the parent did (a checkout need not be installed).
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
+    out = subprocess.run([sys.executable, '-m', __name__, spec], capture_output=True, text=True,
+                         env=env)
+    if out.returncode:
+        raise RuntimeError(f'memory run of {step.factory} failed: '
+                           f'{out.stderr.strip().splitlines()[-1:]}')
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run_comparison(c: Comparison, repeats: int, threads: int, progress=None,
+                   profile: bool = False, measure_memory: bool = True) -> dict:
+    """The record of one comparison: key, medians and spreads of every step, speedup, checks,
+    roofline against the matmul peak of its dtype timed in the same rounds, flags, memory."""
+    roofs = roof_steps(dtype=c.roof_dtype)
+    ms, all_ms = time_interleaved({**c.steps, **roofs}, c.x, repeats, progress=progress)
+    roof = max(2 * ROOF_N**3 / ms[k] / 1e6 for k in roofs)  # GFLOP/s from median ms
+    record = dict(c.key)
+    for name in c.steps:
+        record[f'{name}_ms'] = ms[name]
+        record[f'{name}_spread_ms'] = max(all_ms[name]) - min(all_ms[name])
+    record.update(baseline=c.baseline, candidate=c.candidate,
+                  speedup=ms[c.baseline] / ms[c.candidate], **c.checks)
+    record.update(gflops=c.gflops, roof_gflops=roof, roof_dtype=c.roof_dtype,
+                  load_avg=os.getloadavg()[0])
+    if c.gflops is not None:
+        achieved = c.gflops / ms[c.candidate] * 1e3
+        record.update(ours_gflops_per_s=achieved, roofline_fraction=achieved / roof)
+    record['flags'] = record_flags(record, threads)
+    if profile:
+        names = c.profile or (c.candidate, c.baseline)
+        record['profile'] = {name: profile_ops(c.steps[name], c.x) for name in names}
+    if measure_memory and c.memory:
+        for name, step in c.memory.items():
+            record[f'{name}_peak_mb'] = child_peak_mb(step, threads)
+        if c.baseline in c.memory and c.candidate in c.memory:
+            record['mem_ratio'] = (record[f'{c.candidate}_peak_mb']
+                                   / record[f'{c.baseline}_peak_mb'])
+    return record
+
+
+def _status_mb(name: str) -> float:
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(name + ':'):
+                return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError(f'{name} not in /proc/self/status')
+
+
+def _child_main(spec: str) -> None:
+    spec = json.loads(spec)
+    torch.set_num_threads(spec['threads'])
+    module, function = spec['factory'].split(':')
+    step, x = getattr(importlib.import_module(module), function)(**spec['kwargs'])
+    gc.collect()
+    before = _status_mb('VmRSS')
+    with open('/proc/self/clear_refs', 'w') as f:
+        f.write('5')  # reset VmHWM (peak RSS) to the current RSS
+    step(x)
+    print(_status_mb('VmHWM') - before)
+
+
+if __name__ == '__main__':
+    _child_main(sys.argv[1])
