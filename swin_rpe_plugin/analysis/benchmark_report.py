@@ -117,8 +117,12 @@ def performance_markdown(by_cpu: Dict[str, List[dict]], chart_dir: str = 'images
             rows = [r for r in records if r.get('kind', 'backbone') == kind]
             if rows:
                 out += ['', f'### {title}', ''] + _table(rows)
+        last = runs[-1]
         out += ['', f'![speedup per record on {cpu}]({chart_dir}/benchmark_{cpu_slug(cpu)}.png)',
-                '']
+                f"Speedup of every record above: {cpu} (family/model "
+                f"{first.get('cpu_family_model', '?')}), {str(last.get('date', '?'))[:10]}, drawn "
+                f"by `tools/benchmark.py --report` from the runs in the table (latest: "
+                f"`{last.get('command', '?')}`).", '']
     return '\n'.join(out)
 
 
@@ -154,6 +158,12 @@ def headline_markdown(by_cpu: Dict[str, List[dict]]) -> str:
                 lines.append(f"| {cpu} | {case_label(r)} | {_ms(r, r['baseline'])} | "
                              f"{_ms(r, r.get('candidate', 'ours'))} | **{r['speedup']:.2f}** | "
                              f"{_num(r.get('mem_ratio'), '.2f')} | {_flags(r)} |")
+    lines.append('')
+    for cpu, runs in by_cpu.items():  # where each line came from: CPU model, date, command
+        for run in runs:
+            lines.append(f"- {cpu} (family/model {run.get('cpu_family_model', '?')}), "
+                         f"{run.get('threads', '?')} threads, {run.get('date', '?')}, commit "
+                         f"{run.get('commit', '?')}: `{run.get('command', '?')}`")
     lines += ['', 'Every comparison, with commands and dates: '
               '[docs/performance.md](docs/performance.md).']
     return '\n'.join(lines)
