@@ -15,17 +15,22 @@ dtype inside an autocast region. Functions that bypass autocast (custom autograd
 oneDNN ops) cast to it themselves, so autocast means the same on every path.
 
 Kernel choices (:func:`choose_kernel`): where two libraries compute the same product (oneDNN's
-matmul or MKL's sgemm behind ``F.linear``), a fixed rule per kind, device and dtype picks one
-(:data:`KERNEL_RULES`): oneDNN for CPU linears in float32 and bfloat16. They sum in different
-orders, so the choice must never depend on timing: an earlier version timed both at first use
-per shape and process, and on CPUs where the two are close (AMD Zen 5) two runs with one seed
-picked differently and ended with different weights. A choice measured once and stored per CPU
-model was the other option; it was rejected because the gain it chased was small (on the Intel
-AMX machine training was 1.04-1.06x mmdet with the measured choice, against oneDNN's 200-240
-vs MKL's 55-110 GFLOP/s per core on AMD, where MKL takes a slow path), while a stored decision
-is state outside the repository that differs between two machines of one model and needs a
-reset path. oneDNN is also what inductor emits for CPU linears. The rule gives the same kernel
-for every shape in every process, so ``torch.use_deterministic_algorithms(True)`` (and mmengine's
+matmul or MKL's sgemm behind ``F.linear``), a fixed rule per kind, device, dtype and CPU
+instruction set picks one (:data:`KERNEL_RULES`): oneDNN for CPU linears where ATen's kernels
+use AVX-512 (``torch.backends.cpu.get_cpu_capability()``), MKL where they use AVX2 or less.
+Measured, not guessed: on AMD Zen 5 (AVX-512) oneDNN reached 200-240 GFLOP/s per core on a Swin
+block's shapes against MKL's 55-110; on AVX2-only AMD Zen 3 MKL is the faster one
+(``tools/kernel_rule_cost.py``, Swin-T 512x512 b2, idle: oneDNN 1318 ms, MKL 1202 ms for every
+linear's forward and input gradient; the whole backbone 0.90-0.92x mmdet with oneDNN, 1.06-1.07x
+with MKL), and on the Intel AMX machine the two were within 4-6%. The instruction set is fixed
+for a machine (``ATEN_CPU_CAPABILITY`` overrides it for the whole process), so the rule is as
+reproducible as a constant. The two libraries sum in different orders, so the choice must never
+depend on timing: an earlier version timed both at first use per shape and process, and on CPUs
+where the two are close (Zen 5) two runs with one seed picked differently and ended with
+different weights. A choice measured once and stored per CPU model was the other option; it was
+rejected because a stored decision is state outside the repository that differs between two
+machines of one model and needs a reset path. The rule gives the same kernel for every shape in
+every process, so ``torch.use_deterministic_algorithms(True)`` (and mmengine's
 ``randomness.deterministic=True``) needs nothing more here: every CPU kernel on these paths is
 run-to-run deterministic at a fixed thread count. ``SWIN_RPE_LINEAR=onednn|mkl`` (or
 :func:`force_kernel`) forces one; tests run each.
@@ -40,7 +45,8 @@ import torch
 from torch import Tensor
 
 __all__ = ['BACKENDS', 'backend', 'force_backend', 'use_cpu_fast_paths', 'compute_dtype',
-           'is_tracing', 'KERNELS', 'KERNEL_RULES', 'choose_kernel', 'force_kernel']
+           'is_tracing', 'KERNELS', 'KERNEL_RULES', 'CPU_ISA', 'isa_of_capability',
+           'choose_kernel', 'force_kernel']
 
 BACKENDS = ('auto', 'generic')
 _forced = [None]  # set by force_backend; None defers to the environment variable
@@ -98,10 +104,13 @@ def compute_dtype(x: Tensor) -> torch.dtype:
 
 
 KERNELS = {'linear': ('onednn', 'mkl')}
-# (kind, device type, dtype) -> kernel; anything not listed takes the kind's first kernel.
+# (kind, device type, dtype, CPU instruction set) -> kernel; anything not listed takes the
+# kind's first kernel. bf16 on AVX2 names MKL because oneDNN has no bf16 inner product there.
 KERNEL_RULES: Dict[tuple, str] = {
-    ('linear', 'cpu', torch.float32): 'onednn',
-    ('linear', 'cpu', torch.bfloat16): 'onednn',
+    ('linear', 'cpu', torch.float32, 'avx512'): 'onednn',
+    ('linear', 'cpu', torch.bfloat16, 'avx512'): 'onednn',
+    ('linear', 'cpu', torch.float32, 'avx2'): 'mkl',
+    ('linear', 'cpu', torch.bfloat16, 'avx2'): 'mkl',
 }
 _forced_kernels: Dict[str, Optional[str]] = {}
 
@@ -127,10 +136,24 @@ def force_kernel(kind: str, name: Optional[str]) -> Iterator[None]:
         _forced_kernels[kind] = previous
 
 
-def choose_kernel(kind: str, device_type: str, dtype: torch.dtype) -> str:
+def isa_of_capability(capability: str) -> str:
+    """'avx512' for ATen's AVX-512 capabilities (with or without VNNI, bf16 or AMX), 'avx2'
+    otherwise (AVX2 and anything older or non-x86)."""
+    return 'avx512' if capability.startswith('AVX512') else 'avx2'
+
+
+# Read once: the compiler cannot trace the query, and it cannot change within a process.
+CPU_ISA = isa_of_capability(torch.backends.cpu.get_cpu_capability())
+
+
+def choose_kernel(kind: str, device_type: str, dtype: torch.dtype,
+                  isa: Optional[str] = None) -> str:
     """The kernel of ``kind`` for products on ``device_type`` in ``dtype``: forced (by
-    :func:`force_kernel` or ``$SWIN_RPE_<KIND>``), else :data:`KERNEL_RULES`. Never timed."""
+    :func:`force_kernel` or ``$SWIN_RPE_<KIND>``), else :data:`KERNEL_RULES` for the CPU
+    instruction set ``isa`` (default: this machine's, :data:`CPU_ISA`). Never timed."""
     forced = _forced_kernel(kind)
     if forced is not None:
         return forced
-    return KERNEL_RULES.get((kind, device_type, dtype), KERNELS[kind][0])
+    if isa is None:
+        isa = CPU_ISA if device_type == 'cpu' else None
+    return KERNEL_RULES.get((kind, device_type, dtype, isa), KERNELS[kind][0])

@@ -1,14 +1,17 @@
-"""Linear layers through oneDNN on CPU.
+"""Linear layers through oneDNN on CPUs where it is the faster library.
 
-``F.linear`` on CPU runs MKL's sgemm, which on AMD processors takes a slow generic path: on
-this project's EPYC machine it reaches about 55-110 GFLOP/s per core where oneDNN's matmul
-(``torch.ops.mkldnn._linear_pointwise``, what inductor emits for CPU linears) reaches 200-240 on
-the shapes of a Swin block. The same fp32 products are summed in another order, so results
-agree with ``F.linear`` to float32 rounding. On Intel CPUs MKL is about as fast. Which library
-serves a product is a fixed rule per device and dtype (``dispatch.choose_kernel``), never a
-measurement, so two processes with one seed compute bitwise the same. Under bf16 autocast the same op runs on bf16
-operands (what autocast would have chosen: bf16 products, float32 accumulation). Anything else
-(other devices, fp16, no oneDNN, the generic backend of ``dispatch.py``) runs ``F.linear``.
+``F.linear`` on CPU runs MKL's sgemm. On AMD processors with AVX-512 (Zen 5) that takes a slow
+generic path, about 55-110 GFLOP/s per core, where oneDNN's matmul
+(``torch.ops.mkldnn._linear_pointwise``, what inductor emits for frozen CPU linears) reaches
+200-240 on the shapes of a Swin block; on AVX2-only CPUs (Zen 3) MKL is about 10% faster than
+oneDNN. Which library serves a product is a fixed rule per device, dtype and instruction set
+(``dispatch.choose_kernel``), never a measurement, so two processes with one seed compute
+bitwise the same. Where the rule names MKL the layer is plain ``F.linear`` (autocast and the
+compiler see it as it is); where it names oneDNN the product is the registered op
+``swin_rpe::linear``, and under bf16 autocast that op runs on bf16 operands (what autocast would
+have chosen: bf16 products, float32 accumulation). The same fp32 products are summed in another
+order, so the two agree to float32 rounding. Anything else (other devices, fp16, no oneDNN,
+the generic backend of ``dispatch.py``) runs ``F.linear``.
 
 Imports torch only.
 """
@@ -33,8 +36,8 @@ _ONEDNN_BF16 = _OP is not None and _MKLDNN and torch.ops.mkldnn._is_mkldnn_bf16_
 
 def onednn_available(x: Tensor) -> bool:
     """True when x takes the oneDNN path: CPU fast paths allowed (``dispatch.py``), oneDNN
-    built in, and products in float32, or in bfloat16 on a CPU whose oneDNN has bf16 kernels
-    (autocast's dtype or x's own).
+    built in, products in float32, or in bfloat16 on a CPU whose oneDNN has bf16 kernels
+    (autocast's dtype or x's own), and the kernel rule naming oneDNN for them.
 
     Under torch.compile too (the product is the registered op ``swin_rpe::linear``, which
     the compiler keeps as one call); not under a tracer or exporter, which see ``F.linear``.
@@ -42,7 +45,10 @@ def onednn_available(x: Tensor) -> bool:
     if _OP is None or not _MKLDNN or not use_cpu_fast_paths(x):
         return False
     dtype = compute_dtype(x)
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and _ONEDNN_BF16)
+    if not (dtype == torch.float32 or (dtype == torch.bfloat16 and _ONEDNN_BF16)):
+        return False
+    return choose_kernel('linear', x.device.type, dtype) == 'onednn'
+
 
 
 def _onednn(x: Tensor, weight: Tensor, bias: Optional[Tensor], attr: str = 'none') -> Tensor:
@@ -64,7 +70,9 @@ def _product(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
 def _linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], gelu: bool) -> Tensor:
     """x @ weight.T (+ bias), then exact GELU if ``gelu`` (fused: no gradient for it)."""
     if gelu:  # the fused epilogue is oneDNN's alone
-        return _onednn(x, weight, bias, 'gelu')
+        if choose_kernel('linear', x.device.type, x.dtype) == 'onednn':
+            return _onednn(x, weight, bias, 'gelu')
+        return F.gelu(F.linear(x, weight, bias))
     return _product(x, weight, bias)
 
 

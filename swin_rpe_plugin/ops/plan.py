@@ -11,7 +11,10 @@ bias alone and only the few masked ones (last window row and column) need a mask
 
 :func:`traceable_window_plan` builds the same plan from coordinate arithmetic alone, in plain
 window order with a mask for every window: no data-dependent op, no branch on a size, no cache.
-Tracers and exporters (ONNX, torch.export, torch.compile) take it, so sizes may be symbolic.
+Tracers and exporters (ONNX, torch.export, torch.compile with dynamic sizes) take it, so sizes
+may be symbolic. :func:`static_window_plan` is the plan of :func:`window_plan` (masked windows
+last, masks for those alone) for torch.compile with static sizes: which windows are masked is
+worked out in Python from the sizes, so the compiler sees only arithmetic on constants.
 
 Imports torch only.
 """
@@ -25,7 +28,8 @@ from .masks import MASK_VALUE, window_attention_mask
 from .relative_position import to_window_tuple
 from .windows import padded_size, window_partition
 
-__all__ = ['WindowPlan', 'window_plan', 'cached_window_plan', 'traceable_window_plan']
+__all__ = ['WindowPlan', 'window_plan', 'cached_window_plan', 'traceable_window_plan',
+           'static_window_plan']
 
 
 class WindowPlan(NamedTuple):
@@ -153,6 +157,54 @@ def traceable_window_plan(hw, window_size: Tuple[int, int], shift_size: Tuple[in
                            torch.tensor(0.0, dtype=dtype, device=device))
         mask = keys.expand(-1, n, -1) if mask is None else (mask + keys).clamp(min=MASK_VALUE)
     return WindowPlan(gather, scatter, True, num_windows, mask)
+
+
+def static_window_plan(hw: Tuple[int, int], window_size: Tuple[int, int],
+                       shift_size: Tuple[int, int], valid_hw: Optional[Tuple[int, int]] = None,
+                       device=None, dtype: torch.dtype = torch.float32) -> WindowPlan:
+    """:func:`window_plan` for Python-int sizes, without its data-dependent ops.
+
+    A window of the rolled, padded map needs a mask when it straddles a shift boundary (the
+    last window row with a vertical shift, the last column with a horizontal one) or holds a
+    key outside ``valid_hw``; those are found from the sizes alone, then the traceable plan is
+    reordered (unmasked first) and its mask cut to the masked windows. Under torch.compile the
+    reordering indices are constants, so the compiled attention splits unmasked and masked
+    windows as eager does instead of masking every window.
+
+    Args:
+        hw: (H, W) ints; window_size: (Mh, Mw); shift_size: (sh, sw).
+        valid_hw: one (h, w) region for all images (keys outside it masked), or None.
+    """
+    (mh, mw), (sh, sw) = window_size, shift_size
+    h, w = hw
+    hp, wp = padded_size(hw, window_size)
+    rows, cols = hp // mh, wp // mw
+
+    def hides_keys(size: int, window: int, shift: int, valid: Optional[int]):
+        # per window row (or column): does it hold a key at or beyond ``valid``?
+        if valid is None or valid >= size:
+            return [False] * (size // window)
+        return [any((y + shift) % size >= valid for y in range(i * window, (i + 1) * window))
+                for i in range(size // window)]
+
+    row_keys = hides_keys(hp, mh, sh, None if valid_hw is None else valid_hw[0])
+    col_keys = hides_keys(wp, mw, sw, None if valid_hw is None else valid_hw[1])
+    masked = [(sh and r == rows - 1) or (sw and c == cols - 1) or row_keys[r] or col_keys[c]
+              for r in range(rows) for c in range(cols)]
+    order = [i for i, m in enumerate(masked) if not m] + [i for i, m in enumerate(masked) if m]
+    inverse = [0] * len(order)
+    for position, window in enumerate(order):
+        inverse[window] = position
+    plain = traceable_window_plan(hw, window_size, shift_size, valid_hw, device, dtype)
+    n = mh * mw
+    gather = plain.gather.view(len(order), n)[torch.tensor(order, device=device)].reshape(-1)
+    inverse = torch.tensor(inverse, device=device)
+    scatter = inverse[plain.scatter // n] * n + plain.scatter % n
+    num_masked = sum(masked)
+    mask = None
+    if num_masked:
+        mask = plain.mask[torch.tensor(order[len(order) - num_masked:], device=device)]
+    return WindowPlan(gather, scatter, hp > h or wp > w, len(order), mask)
 
 
 def _mod(a: Tensor, b) -> Tensor:

@@ -78,15 +78,22 @@ def test_generic_linear_is_plain_f_linear():
 
 
 def test_kernel_choice_is_a_fixed_rule_and_can_be_forced(monkeypatch):
-    """No timing: the same (device, dtype) always gets the same kernel, whatever the shape."""
+    """No timing: the same (device, dtype, instruction set) always gets the same kernel,
+    whatever the shape."""
     import swin_rpe_plugin.ops.dispatch as dispatch
     from swin_rpe_plugin.ops.dispatch import choose_kernel, force_kernel
     monkeypatch.delenv('SWIN_RPE_LINEAR', raising=False)
     assert not hasattr(dispatch, 'time')  # nothing in the dispatch point reads a clock
-    assert choose_kernel('linear', 'cpu', torch.float32) == 'onednn'
-    assert choose_kernel('linear', 'cpu', torch.bfloat16) == 'onednn'
+    for dtype in (torch.float32, torch.bfloat16):  # by instruction set, never by shape
+        assert choose_kernel('linear', 'cpu', dtype, 'avx512') == 'onednn'
+        assert choose_kernel('linear', 'cpu', dtype, 'avx2') == 'mkl'
+    # This machine's: the rule for its instruction set, the same in every call.
+    assert choose_kernel('linear', 'cpu', torch.float32) == \
+        choose_kernel('linear', 'cpu', torch.float32, dispatch.CPU_ISA)
     with force_kernel('linear', 'mkl'):
-        assert choose_kernel('linear', 'cpu', torch.float32) == 'mkl'
+        assert choose_kernel('linear', 'cpu', torch.float32, 'avx512') == 'mkl'
+    with force_kernel('linear', 'onednn'):
+        assert choose_kernel('linear', 'cpu', torch.float32, 'avx2') == 'onednn'
     monkeypatch.setenv('SWIN_RPE_LINEAR', 'mkl')
     assert choose_kernel('linear', 'cpu', torch.float32) == 'mkl'
     monkeypatch.setenv('SWIN_RPE_LINEAR', 'blas')
@@ -125,3 +132,12 @@ def test_bf16_linear_runs_on_any_cpu(grad):
     if grad:
         ours.float().sum().backward()
         assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_cpu_isa_follows_aten_capability():
+    """The rule's instruction set is ATen's own CPU capability (what ATEN_CPU_CAPABILITY sets)."""
+    import swin_rpe_plugin.ops.dispatch as dispatch
+    for capability, isa in (('AVX512', 'avx512'), ('AVX512_BF16', 'avx512'), ('AVX2', 'avx2'),
+                            ('DEFAULT', 'avx2')):
+        assert dispatch.isa_of_capability(capability) == isa
+    assert dispatch.CPU_ISA == dispatch.isa_of_capability(torch.backends.cpu.get_cpu_capability())
