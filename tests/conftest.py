@@ -40,6 +40,16 @@ class TinyClassifier(BaseModel):
         return logits
 
 
+def salient_bias_tables(model: torch.nn.Module) -> torch.nn.Module:
+    """Draw every relative position bias table from N(0, 1), in place: tables that matter, so a
+    wrong bias index or attention mask shows in the outputs (the init's are zero or near it)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if 'relative_position_bias_table' in name:
+                p.normal_(0, 1.0)
+    return model
+
+
 def tiny_runner(work_dir, max_iters: int, backbone_cfg: dict, image_size: int,
                 checkpoint_interval: int, **kwargs) -> Runner:
     """A Runner on 4 random images that saves real mmengine checkpoints (meta, message hub)."""

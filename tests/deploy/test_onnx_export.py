@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from conftest import salient_bias_tables
 from swin_rpe_plugin import SwinTransformer
 from swin_rpe_plugin.deploy import ExportPart, export_onnx, verify_onnx
 
@@ -26,11 +27,7 @@ def tiny_backbone(window, mask_padding, stages=4):
                             out_indices=tuple(range(stages)), window_size=window,
                             mask_padding=mask_padding, drop_path_rate=0.0)
     model.init_weights()
-    with torch.no_grad():  # tables that matter, so a wrong index or mask shows
-        for name, p in model.named_parameters():
-            if 'relative_position_bias_table' in name:
-                p.normal_(0, 1.0)
-    return model.eval()
+    return salient_bias_tables(model).eval()
 
 
 def test_check_sizes_pad_in_every_stage():
