@@ -110,8 +110,8 @@ cached_window_plan.cache_clear = _cached_plan.cache_clear
 
 
 def traceable_window_plan(hw, window_size: Tuple[int, int], shift_size: Tuple[int, int],
-                          valid_hw=None, device=None,
-                          dtype: torch.dtype = torch.float32) -> WindowPlan:
+                          valid_hw=None, device=None, dtype: torch.dtype = torch.float32,
+                          order: Optional[Tensor] = None) -> WindowPlan:
     """The plan of :func:`window_plan` from arithmetic on token coordinates.
 
     Windows stay in row-major order (no masked-last reordering, which needs ``nonzero``), the
@@ -123,6 +123,8 @@ def traceable_window_plan(hw, window_size: Tuple[int, int], shift_size: Tuple[in
     Args:
         hw: (H, W) of the unpadded map; window_size: (Mh, Mw); shift_size: (sh, sw).
         valid_hw: one (h, w) region for all images whose outside is masked as keys, or None.
+        order: the row-major indices of the windows in the order wanted ([nW] long), or None
+            for row-major order (see :func:`static_window_plan`).
     """
     (mh, mw), (sh, sw) = window_size, shift_size
     h, w = hw
@@ -130,7 +132,7 @@ def traceable_window_plan(hw, window_size: Tuple[int, int], shift_size: Tuple[in
     windows_x, n = wp // mw, mh * mw
     num_windows = (hp // mh) * windows_x
     # Rolled-map coordinates (y, x) of token t of window i, [nW, N].
-    i = torch.arange(num_windows, device=device)[:, None]
+    i = (torch.arange(num_windows, device=device) if order is None else order)[:, None]
     t = torch.arange(n, device=device)[None, :]
     y = (i // windows_x) * mh + t // mw
     x = _mod(i, windows_x) * mw + t % mw
@@ -140,7 +142,11 @@ def traceable_window_plan(hw, window_size: Tuple[int, int], shift_size: Tuple[in
     # Position of each map token in window order: the inverse of the above, by arithmetic.
     token = torch.arange(h * w, device=device)
     ry, rx = _mod(token // w + hp - sh, hp), _mod(_mod(token, w) + wp - sw, wp)
-    scatter = ((ry // mh) * windows_x + rx // mw) * n + (ry % mh) * mw + rx % mw
+    window = (ry // mh) * windows_x + rx // mw
+    if order is not None:  # its position in the order: the inverse permutation
+        window = torch.empty_like(order).scatter_(0, order, torch.arange(
+            num_windows, device=device))[window]
+    scatter = window * n + (ry % mh) * mw + rx % mw
 
     mask = None
     if (sh, sw) != (0, 0):  # regions of the reference's three slices per axis
@@ -192,19 +198,13 @@ def static_window_plan(hw: Tuple[int, int], window_size: Tuple[int, int],
     masked = [(sh and r == rows - 1) or (sw and c == cols - 1) or row_keys[r] or col_keys[c]
               for r in range(rows) for c in range(cols)]
     order = [i for i, m in enumerate(masked) if not m] + [i for i, m in enumerate(masked) if m]
-    inverse = [0] * len(order)
-    for position, window in enumerate(order):
-        inverse[window] = position
-    plain = traceable_window_plan(hw, window_size, shift_size, valid_hw, device, dtype)
-    n = mh * mw
-    gather = plain.gather.view(len(order), n)[torch.tensor(order, device=device)].reshape(-1)
-    inverse = torch.tensor(inverse, device=device)
-    scatter = inverse[plain.scatter // n] * n + plain.scatter % n
+    # Reordered before the coordinate arithmetic, not gathered after it: inductor (torch 2.13)
+    # fails to generate code for an index tensor gathered by another index tensor.
+    plan = traceable_window_plan(hw, window_size, shift_size, valid_hw, device, dtype,
+                                 torch.tensor(order, device=device))
     num_masked = sum(masked)
-    mask = None
-    if num_masked:
-        mask = plain.mask[torch.tensor(order[len(order) - num_masked:], device=device)]
-    return WindowPlan(gather, scatter, hp > h or wp > w, len(order), mask)
+    mask = plan.mask[len(order) - num_masked:] if num_masked else None
+    return WindowPlan(plan.gather, plan.scatter, hp > h or wp > w, len(order), mask)
 
 
 def _mod(a: Tensor, b) -> Tensor:
