@@ -16,8 +16,7 @@ from torch import Tensor
 
 from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias, gather_tokens,
                    linear, linear_with_recomputed_input, relative_position_index, table_rows,
-                   to_window_tuple, static_window_plan, traceable_window_plan,
-                   window_attention)
+                   to_window_tuple, traceable_window_plan, window_attention)
 from ..ops.dispatch import is_tracing
 
 HW = Tuple[int, int]
@@ -213,18 +212,10 @@ class ShiftWindowMSA(nn.Module):
     def plan(self, hw_shape: HW, valid_hw: Optional[HW], like: Tensor) -> WindowPlan:
         """The window plan of this block's shift for an H x W map of tensors like ``like``.
 
-        Cached per size in eager mode; under torch.compile with static sizes worked out from
-        them (``static_window_plan``, the same plan); under tracers, exporters and dynamic
-        sizes computed from the symbolic sizes (``traceable_window_plan``, every window
-        masked), one (h, w) region for every image.
+        Cached per size in eager mode; under tracers and exporters computed from the (symbolic)
+        sizes instead (``traceable_window_plan``), one (h, w) region for every image.
         """
         if is_tracing(like):
-            sizes = (*hw_shape, *(valid_hw or ()))
-            if (torch.compiler.is_compiling() and not torch.compiler.is_exporting()
-                    and all(type(s) is int for s in sizes)):
-                return static_window_plan(tuple(hw_shape), self.window_size, self.shift_size,
-                                          None if valid_hw is None else tuple(valid_hw),
-                                          like.device)
             return traceable_window_plan(hw_shape, self.window_size, self.shift_size, valid_hw,
                                          like.device)
         return cached_window_plan(tuple(hw_shape), self.window_size, self.shift_size,

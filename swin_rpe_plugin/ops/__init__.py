@@ -5,8 +5,7 @@ from .continuous_position import (continuous_position_bias, log_spaced_relative_
                                   resolve_pretrained_window, scaled_cosine_query_key)
 from .masks import (MASK_VALUE, padding_key_mask,
                     shift_attention_mask, shift_region_labels, window_attention_mask)
-from .plan import (WindowPlan, cached_window_plan, static_window_plan, traceable_window_plan,
-                   window_plan)
+from .plan import WindowPlan, cached_window_plan, traceable_window_plan, window_plan
 from .linear import linear, onednn_available
 from .recompute import linear_with_recomputed_input
 from .relative_position import (gather_relative_position_bias, relative_position_index,
@@ -23,6 +22,6 @@ __all__ = [
     'pad_to_window', 'padded_size', 'padding_key_mask', 'relative_position_index',
     'resize_absolute_pos_embed', 'resize_relative_position_bias_table',
     'shift_attention_mask', 'shift_region_labels', 'table_rows', 'to_window_tuple',
-    'static_window_plan', 'traceable_window_plan',
+    'traceable_window_plan',
     'window_attention', 'window_attention_mask', 'window_partition', 'window_unpartition',
 ]

@@ -192,10 +192,17 @@ _attention_op.register_autograd(_attention_backward, setup_context=_attention_se
 def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
                            mask: Optional[Tensor], scale: float,
                            nw: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dbias): softmax(q k^T s + bias + mask) recomputed per image."""
+    """(dq, dk, dv, dbias): softmax(q k^T s + bias + mask) recomputed per image.
+
+    The four batched products run in q's dtype (bf16 under autocast: bf16 operands, float32
+    accumulation, as the forward's flash kernel and autocast's own products do); the logits,
+    softmax and its gradient ``ds = p * (dp - rowsum(dp * p))`` stay float32, and ds is rounded
+    to q's dtype only as an operand of dq and dk. float32 inputs compute in float32 throughout.
+    """
     dtypes = (q.dtype, k.dtype, v.dtype, bias.dtype)
-    # Backward in float32 whatever the forward ran in (autocast does not reach here).
-    q, k, v, bias, grad_out = (t.float() for t in (q, k, v, bias, grad_out))
+    product = q.dtype  # autocast does not reach here: the forward's dtype is the inputs'
+    k, v, grad_out = k.to(product), v.to(product), grad_out.to(product)
+    bias = bias.float()
     bw, heads, n, head_dim = q.shape
     grad_out = grad_out.reshape(bw, n, heads, head_dim).transpose(1, 2)
     # With q pre-scaled, dk = ds^T (q s) needs no scaling and dq = (ds k) s is scaled once.
@@ -205,16 +212,17 @@ def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bi
     for image, lo in enumerate(range(0, bw, nw)):  # per image bounds the matrices
         hi = lo + nw
         qi, ki, vi, gi = q[lo:hi], k[lo:hi], v[lo:hi], grad_out[lo:hi]
-        logits = torch.matmul(qi, ki.transpose(-2, -1)).add_(bias)
+        logits = torch.matmul(qi, ki.transpose(-2, -1)).float().add_(bias)
         if mask is not None:
             m = mask[image] if mask.dim() == 4 else mask
             logits[nw - m.shape[0]:] += m.unsqueeze(1).to(logits.dtype)
         p = logits.softmax(dim=-1)
         del logits
-        torch.matmul(p.transpose(-2, -1), gi, out=dv[lo:hi])
-        ds = torch.matmul(gi, vi.transpose(-2, -1))  # dp, turned into ds in place
+        torch.matmul(p.to(product).transpose(-2, -1), gi, out=dv[lo:hi])
+        ds = torch.matmul(gi, vi.transpose(-2, -1)).float()  # dp, turned into ds in place
         ds.sub_((ds * p).sum(-1, keepdim=True)).mul_(p)
         dbias += ds.sum(0)
+        ds = ds.to(product)
         torch.matmul(ds, ki, out=dq[lo:hi])
         torch.matmul(ds.transpose(-2, -1), qi, out=dk[lo:hi])
     dq.mul_(scale)

@@ -11,10 +11,7 @@ bias alone and only the few masked ones (last window row and column) need a mask
 
 :func:`traceable_window_plan` builds the same plan from coordinate arithmetic alone, in plain
 window order with a mask for every window: no data-dependent op, no branch on a size, no cache.
-Tracers and exporters (ONNX, torch.export, torch.compile with dynamic sizes) take it, so sizes
-may be symbolic. :func:`static_window_plan` is the plan of :func:`window_plan` (masked windows
-last, masks for those alone) for torch.compile with static sizes: which windows are masked is
-worked out in Python from the sizes, so the compiler sees only arithmetic on constants.
+Tracers and exporters (ONNX, torch.export, torch.compile) take it, so sizes may be symbolic.
 
 Imports torch only.
 """
@@ -28,8 +25,7 @@ from .masks import MASK_VALUE, window_attention_mask
 from .relative_position import to_window_tuple
 from .windows import padded_size, window_partition
 
-__all__ = ['WindowPlan', 'window_plan', 'cached_window_plan', 'traceable_window_plan',
-           'static_window_plan']
+__all__ = ['WindowPlan', 'window_plan', 'cached_window_plan', 'traceable_window_plan']
 
 
 class WindowPlan(NamedTuple):
@@ -110,8 +106,8 @@ cached_window_plan.cache_clear = _cached_plan.cache_clear
 
 
 def traceable_window_plan(hw, window_size: Tuple[int, int], shift_size: Tuple[int, int],
-                          valid_hw=None, device=None, dtype: torch.dtype = torch.float32,
-                          order: Optional[Tensor] = None) -> WindowPlan:
+                          valid_hw=None, device=None,
+                          dtype: torch.dtype = torch.float32) -> WindowPlan:
     """The plan of :func:`window_plan` from arithmetic on token coordinates.
 
     Windows stay in row-major order (no masked-last reordering, which needs ``nonzero``), the
@@ -123,8 +119,6 @@ def traceable_window_plan(hw, window_size: Tuple[int, int], shift_size: Tuple[in
     Args:
         hw: (H, W) of the unpadded map; window_size: (Mh, Mw); shift_size: (sh, sw).
         valid_hw: one (h, w) region for all images whose outside is masked as keys, or None.
-        order: the row-major indices of the windows in the order wanted ([nW] long), or None
-            for row-major order (see :func:`static_window_plan`).
     """
     (mh, mw), (sh, sw) = window_size, shift_size
     h, w = hw
@@ -132,7 +126,7 @@ def traceable_window_plan(hw, window_size: Tuple[int, int], shift_size: Tuple[in
     windows_x, n = wp // mw, mh * mw
     num_windows = (hp // mh) * windows_x
     # Rolled-map coordinates (y, x) of token t of window i, [nW, N].
-    i = (torch.arange(num_windows, device=device) if order is None else order)[:, None]
+    i = torch.arange(num_windows, device=device)[:, None]
     t = torch.arange(n, device=device)[None, :]
     y = (i // windows_x) * mh + t // mw
     x = _mod(i, windows_x) * mw + t % mw
@@ -142,11 +136,7 @@ def traceable_window_plan(hw, window_size: Tuple[int, int], shift_size: Tuple[in
     # Position of each map token in window order: the inverse of the above, by arithmetic.
     token = torch.arange(h * w, device=device)
     ry, rx = _mod(token // w + hp - sh, hp), _mod(_mod(token, w) + wp - sw, wp)
-    window = (ry // mh) * windows_x + rx // mw
-    if order is not None:  # its position in the order: the inverse permutation
-        window = torch.empty_like(order).scatter_(0, order, torch.arange(
-            num_windows, device=device))[window]
-    scatter = window * n + (ry % mh) * mw + rx % mw
+    scatter = ((ry // mh) * windows_x + rx // mw) * n + (ry % mh) * mw + rx % mw
 
     mask = None
     if (sh, sw) != (0, 0):  # regions of the reference's three slices per axis
@@ -163,48 +153,6 @@ def traceable_window_plan(hw, window_size: Tuple[int, int], shift_size: Tuple[in
                            torch.tensor(0.0, dtype=dtype, device=device))
         mask = keys.expand(-1, n, -1) if mask is None else (mask + keys).clamp(min=MASK_VALUE)
     return WindowPlan(gather, scatter, True, num_windows, mask)
-
-
-def static_window_plan(hw: Tuple[int, int], window_size: Tuple[int, int],
-                       shift_size: Tuple[int, int], valid_hw: Optional[Tuple[int, int]] = None,
-                       device=None, dtype: torch.dtype = torch.float32) -> WindowPlan:
-    """:func:`window_plan` for Python-int sizes, without its data-dependent ops.
-
-    A window of the rolled, padded map needs a mask when it straddles a shift boundary (the
-    last window row with a vertical shift, the last column with a horizontal one) or holds a
-    key outside ``valid_hw``; those are found from the sizes alone, then the traceable plan is
-    reordered (unmasked first) and its mask cut to the masked windows. Under torch.compile the
-    reordering indices are constants, so the compiled attention splits unmasked and masked
-    windows as eager does instead of masking every window.
-
-    Args:
-        hw: (H, W) ints; window_size: (Mh, Mw); shift_size: (sh, sw).
-        valid_hw: one (h, w) region for all images (keys outside it masked), or None.
-    """
-    (mh, mw), (sh, sw) = window_size, shift_size
-    h, w = hw
-    hp, wp = padded_size(hw, window_size)
-    rows, cols = hp // mh, wp // mw
-
-    def hides_keys(size: int, window: int, shift: int, valid: Optional[int]):
-        # per window row (or column): does it hold a key at or beyond ``valid``?
-        if valid is None or valid >= size:
-            return [False] * (size // window)
-        return [any((y + shift) % size >= valid for y in range(i * window, (i + 1) * window))
-                for i in range(size // window)]
-
-    row_keys = hides_keys(hp, mh, sh, None if valid_hw is None else valid_hw[0])
-    col_keys = hides_keys(wp, mw, sw, None if valid_hw is None else valid_hw[1])
-    masked = [(sh and r == rows - 1) or (sw and c == cols - 1) or row_keys[r] or col_keys[c]
-              for r in range(rows) for c in range(cols)]
-    order = [i for i, m in enumerate(masked) if not m] + [i for i, m in enumerate(masked) if m]
-    # Reordered before the coordinate arithmetic, not gathered after it: inductor (torch 2.13)
-    # fails to generate code for an index tensor gathered by another index tensor.
-    plan = traceable_window_plan(hw, window_size, shift_size, valid_hw, device, dtype,
-                                 torch.tensor(order, device=device))
-    num_masked = sum(masked)
-    mask = plan.mask[len(order) - num_masked:] if num_masked else None
-    return WindowPlan(plan.gather, plan.scatter, hp > h or wp > w, len(order), mask)
 
 
 def _mod(a: Tensor, b) -> Tensor:

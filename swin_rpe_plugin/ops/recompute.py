@@ -31,6 +31,11 @@ class _LinearRecomputedInput(torch.autograd.Function):
         device = x.device.type
         ctx.autocast = (device, torch.get_autocast_dtype(device),
                         torch.is_autocast_enabled(device))
+        ctx.weight_dtype = weight.dtype
+        # The weight in the product's dtype, cast once per step and kept for backward (as
+        # autocast's own autograd keeps its casts), so backward casts no weight again.
+        if ctx.autocast[2] and weight.is_floating_point():
+            weight = weight.to(ctx.autocast[1])
         ctx.save_for_backward(x, weight, *prefix_params)
         with torch.no_grad():
             return linear(prefix(x), weight, bias)
@@ -47,9 +52,9 @@ class _LinearRecomputedInput(torch.autograd.Function):
         grad_weight = grad_bias = None
         if ctx.needs_input_grad[1]:
             y_flat = y.detach().reshape(-1, y.shape[-1]).to(product_dtype)
-            grad_weight = (grad_flat.t() @ y_flat).to(weight.dtype)
+            grad_weight = (grad_flat.t() @ y_flat).to(ctx.weight_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = grad_flat.float().sum(0).to(weight.dtype)
+            grad_bias = grad_flat.float().sum(0).to(ctx.weight_dtype)
         with torch.no_grad():
             grad_y = linear(grad_out, weight.t().to(product_dtype)).to(y.dtype)
         wanted = [t for t, need in zip([x_, *prefix_params],

@@ -55,6 +55,43 @@ def test_recomputed_backward_matches_autograd_of_the_explicit_path(masked_window
         assert torch.allclose(fused_grad, explicit_grad, atol=1e-5)
 
 
+@pytest.mark.parametrize('masked_windows', [0, 4])
+def test_bf16_backward_is_bf16_products_with_float32_softmax(masked_windows):
+    """bf16 q, k, v (autocast's cast): gradients in bf16 (the bias's in float32), within bf16
+    rounding of float64 autograd through the loop reference on the same bf16 values. Products
+    in bf16 round each operand once (2^-9 relative): ds and p are the rounded ones, so the
+    bound is a few bf16 ulps of the largest gradient, far below what a wrong formula gives."""
+    b, nw, heads, n, hd = 2, 4, 3, 49, 16
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(b * nw, heads, n, hd).bfloat16().requires_grad_() for _ in range(3))
+    bias = torch.randn(heads, n, n, requires_grad=True)
+    mask = shift_attention_mask((14, 14), 7, 3)[nw - masked_windows:] if masked_windows else None
+    out = window_attention(q, k, v, bias, mask, windows_per_image=nw)
+    weight = torch.randn(out.shape)
+    grads = torch.autograd.grad((out.float() * weight).sum(), (q, k, v, bias))
+    assert [g.dtype for g in grads] == [torch.bfloat16] * 3 + [torch.float32]
+
+    ref_inputs = [t.detach().double().requires_grad_() for t in (q, k, v, bias)]
+    full = None if mask is None else torch.cat(
+        [torch.zeros(nw - masked_windows, n, n), mask]).double()
+    ref = loop_reference_double(*ref_inputs, full)
+    ref_grads = torch.autograd.grad((ref * weight.double()).sum(), ref_inputs)
+    for name, got, expected in zip('q k v bias'.split(), grads, ref_grads):
+        err = (got.double() - expected).abs().max() / expected.abs().max()
+        assert err < 1.5e-2, (name, float(err))
+
+
+def loop_reference_double(q, k, v, bias, full_mask):
+    bw, heads, n, hd = q.shape
+    outs = []
+    for i in range(bw):
+        logits = q[i] @ k[i].transpose(-1, -2) * hd ** -0.5 + bias
+        if full_mask is not None:
+            logits = logits + full_mask[i % full_mask.shape[0]]
+        outs.append((logits.softmax(-1) @ v[i]).transpose(0, 1).reshape(n, heads * hd))
+    return torch.stack(outs)
+
+
 def test_linear_with_recomputed_input_matches_autograd():
     from swin_rpe_plugin.ops import linear_with_recomputed_input
     norm = torch.nn.LayerNorm(6).double()
