@@ -67,7 +67,8 @@ def onnxruntime_session(path: str, threads: Optional[int] = None):
     if threads:
         options.intra_op_num_threads = threads
     # ORT's workers spin after each run by default, taking the cores from whatever runs next
-    # (the eager models timed in the same benchmark rounds read 1.3-1.4x the matmul roof).
+    # (in one benchmark round the matmul roof timed after ORT came out so slow that ORT read
+    # 1.3-1.4x of it).
     options.add_session_config_entry('session.intra_op.allow_spinning', '0')
     return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
 
