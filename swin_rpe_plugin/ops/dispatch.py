@@ -15,16 +15,17 @@ dtype inside an autocast region. Functions that bypass autocast (custom autograd
 oneDNN ops) cast to it themselves, so autocast means the same on every path.
 
 Kernel choices (:func:`choose_kernel`): where two libraries compute the same product (oneDNN's
-matmul or MKL's sgemm behind ``F.linear``), a fixed rule per kind, device, dtype and CPU
-instruction set picks one (:data:`KERNEL_RULES`): oneDNN for CPU linears where ATen's kernels
-use AVX-512 (``torch.backends.cpu.get_cpu_capability()``), MKL where they use AVX2 or less.
-Measured, not guessed: on AMD Zen 5 (AVX-512) oneDNN reached 200-240 GFLOP/s per core on a Swin
-block's shapes against MKL's 55-110; on AVX2-only AMD Zen 3 MKL is the faster one
-(``tools/kernel_rule_cost.py``, Swin-T 512x512 b2, idle: oneDNN 1318 ms, MKL 1202 ms for every
-linear's forward and input gradient; the whole backbone 0.90-0.92x mmdet with oneDNN, 1.06-1.07x
-with MKL), and on the Intel AMX machine the two were within 4-6%. The instruction set is fixed
-for a machine (``ATEN_CPU_CAPABILITY`` overrides it for the whole process), so the rule is as
-reproducible as a constant. The two libraries sum in different orders, so the choice must never
+matmul or MKL's sgemm behind ``F.linear``), a fixed rule per kind, device, dtype and CPU class
+(vendor and the instruction set ATen's kernels use) picks one (:data:`KERNEL_RULES`): oneDNN for
+float32 linears on AMD CPUs with AVX-512 and for bfloat16 on any AVX-512 CPU, MKL (plain
+``F.linear``) everywhere else. Measured, not guessed: on AMD Zen 5 (AVX-512) oneDNN reached
+200-240 GFLOP/s per core on a Swin block's shapes against MKL's 55-110, where MKL takes a slow
+path; on AVX2-only AMD Zen 3 MKL is the faster one (``tools/kernel_rule_cost.py``, Swin-T
+512x512 b2, idle: oneDNN 1318 ms, MKL 1202 ms for every linear's forward and input gradient;
+the whole backbone 0.90-0.92x mmdet with oneDNN, 1.06-1.07x with MKL); on the Intel AMX machine
+MKL was as fast as oneDNN for Swin-T and faster for SwinV2-T (790 against 926 ms, see
+docs/swinv2.md). The class is fixed for a machine (``ATEN_CPU_CAPABILITY`` changes the
+instruction set for a whole process), so the rule is as reproducible as a constant. The two libraries sum in different orders, so the choice must never
 depend on timing: an earlier version timed both at first use per shape and process, and on CPUs
 where the two are close (Zen 5) two runs with one seed picked differently and ended with
 different weights. A choice measured once and stored per CPU model was the other option; it was
@@ -45,7 +46,7 @@ import torch
 from torch import Tensor
 
 __all__ = ['BACKENDS', 'backend', 'force_backend', 'use_cpu_fast_paths', 'compute_dtype',
-           'is_tracing', 'KERNELS', 'KERNEL_RULES', 'CPU_ISA', 'isa_of_capability',
+           'is_tracing', 'KERNELS', 'KERNEL_RULES', 'DEFAULT_KERNELS', 'CPU_CLASS', 'cpu_class',
            'choose_kernel', 'force_kernel']
 
 BACKENDS = ('auto', 'generic')
@@ -104,14 +105,16 @@ def compute_dtype(x: Tensor) -> torch.dtype:
 
 
 KERNELS = {'linear': ('onednn', 'mkl')}
-# (kind, device type, dtype, CPU instruction set) -> kernel; anything not listed takes the
-# kind's first kernel. bf16 on AVX2 names MKL because oneDNN has no bf16 inner product there.
+# (kind, device type, dtype, CPU class) -> kernel; anything not listed takes the kind's default
+# (the standard library). bf16 without AVX-512 is MKL's because oneDNN has no bf16 inner
+# product there.
 KERNEL_RULES: Dict[tuple, str] = {
-    ('linear', 'cpu', torch.float32, 'avx512'): 'onednn',
-    ('linear', 'cpu', torch.bfloat16, 'avx512'): 'onednn',
-    ('linear', 'cpu', torch.float32, 'avx2'): 'mkl',
-    ('linear', 'cpu', torch.bfloat16, 'avx2'): 'mkl',
+    ('linear', 'cpu', torch.float32, 'amd-avx512'): 'onednn',
+    ('linear', 'cpu', torch.bfloat16, 'amd-avx512'): 'onednn',
+    ('linear', 'cpu', torch.bfloat16, 'intel-avx512'): 'onednn',
+    ('linear', 'cpu', torch.bfloat16, 'other-avx512'): 'onednn',
 }
+DEFAULT_KERNELS = {'linear': 'mkl'}
 _forced_kernels: Dict[str, Optional[str]] = {}
 
 
@@ -136,24 +139,37 @@ def force_kernel(kind: str, name: Optional[str]) -> Iterator[None]:
         _forced_kernels[kind] = previous
 
 
-def isa_of_capability(capability: str) -> str:
-    """'avx512' for ATen's AVX-512 capabilities (with or without VNNI, bf16 or AMX), 'avx2'
-    otherwise (AVX2 and anything older or non-x86)."""
-    return 'avx512' if capability.startswith('AVX512') else 'avx2'
+def cpu_class(vendor_id: str, capability: str) -> str:
+    """'amd-avx512', 'intel-avx2', ... from /proc/cpuinfo's vendor_id ('AuthenticAMD',
+    'GenuineIntel', anything else: 'other') and ATen's CPU capability ('AVX512*': 'avx512',
+    anything else: 'avx2')."""
+    vendor = {'AuthenticAMD': 'amd', 'GenuineIntel': 'intel'}.get(vendor_id, 'other')
+    return f"{vendor}-{'avx512' if capability.startswith('AVX512') else 'avx2'}"
 
 
-# Read once: the compiler cannot trace the query, and it cannot change within a process.
-CPU_ISA = isa_of_capability(torch.backends.cpu.get_cpu_capability())
+def _vendor_id() -> str:
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('vendor_id'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return ''
+
+
+# Read once: the compiler cannot trace the queries, and they cannot change within a process.
+CPU_CLASS = cpu_class(_vendor_id(), torch.backends.cpu.get_cpu_capability())
 
 
 def choose_kernel(kind: str, device_type: str, dtype: torch.dtype,
-                  isa: Optional[str] = None) -> str:
+                  cpu: Optional[str] = None) -> str:
     """The kernel of ``kind`` for products on ``device_type`` in ``dtype``: forced (by
-    :func:`force_kernel` or ``$SWIN_RPE_<KIND>``), else :data:`KERNEL_RULES` for the CPU
-    instruction set ``isa`` (default: this machine's, :data:`CPU_ISA`). Never timed."""
+    :func:`force_kernel` or ``$SWIN_RPE_<KIND>``), else :data:`KERNEL_RULES` for the CPU class
+    ``cpu`` (default: this machine's, :data:`CPU_CLASS`). Never timed."""
     forced = _forced_kernel(kind)
     if forced is not None:
         return forced
-    if isa is None:
-        isa = CPU_ISA if device_type == 'cpu' else None
-    return KERNEL_RULES.get((kind, device_type, dtype, isa), KERNELS[kind][0])
+    if cpu is None:
+        cpu = CPU_CLASS if device_type == 'cpu' else None
+    return KERNEL_RULES.get((kind, device_type, dtype, cpu), DEFAULT_KERNELS[kind])

@@ -78,22 +78,27 @@ def test_generic_linear_is_plain_f_linear():
 
 
 def test_kernel_choice_is_a_fixed_rule_and_can_be_forced(monkeypatch):
-    """No timing: the same (device, dtype, instruction set) always gets the same kernel,
-    whatever the shape."""
+    """No timing: the same (device, dtype, CPU class) always gets the same kernel, whatever
+    the shape. Every class is checked here, whichever CPU runs the test."""
     import swin_rpe_plugin.ops.dispatch as dispatch
     from swin_rpe_plugin.ops.dispatch import choose_kernel, force_kernel
     monkeypatch.delenv('SWIN_RPE_LINEAR', raising=False)
     assert not hasattr(dispatch, 'time')  # nothing in the dispatch point reads a clock
-    for dtype in (torch.float32, torch.bfloat16):  # by instruction set, never by shape
-        assert choose_kernel('linear', 'cpu', dtype, 'avx512') == 'onednn'
-        assert choose_kernel('linear', 'cpu', dtype, 'avx2') == 'mkl'
-    # This machine's: the rule for its instruction set, the same in every call.
-    assert choose_kernel('linear', 'cpu', torch.float32) == \
-        choose_kernel('linear', 'cpu', torch.float32, dispatch.CPU_ISA)
+    fp32, bf16 = torch.float32, torch.bfloat16
+    expected = {('amd-avx512', fp32): 'onednn', ('amd-avx512', bf16): 'onednn',
+                ('intel-avx512', fp32): 'mkl', ('intel-avx512', bf16): 'onednn',
+                ('amd-avx2', fp32): 'mkl', ('amd-avx2', bf16): 'mkl',
+                ('intel-avx2', fp32): 'mkl', ('other-avx2', fp32): 'mkl'}
+    for (cpu, dtype), kernel in expected.items():
+        assert choose_kernel('linear', 'cpu', dtype, cpu) == kernel, (cpu, dtype)
+    assert choose_kernel('linear', 'cuda', fp32) == 'mkl'  # the standard path: F.linear
+    # This machine's: the rule for its class, the same in every call.
+    assert choose_kernel('linear', 'cpu', fp32) == \
+        choose_kernel('linear', 'cpu', fp32, dispatch.CPU_CLASS)
     with force_kernel('linear', 'mkl'):
-        assert choose_kernel('linear', 'cpu', torch.float32, 'avx512') == 'mkl'
+        assert choose_kernel('linear', 'cpu', fp32, 'amd-avx512') == 'mkl'
     with force_kernel('linear', 'onednn'):
-        assert choose_kernel('linear', 'cpu', torch.float32, 'avx2') == 'onednn'
+        assert choose_kernel('linear', 'cpu', fp32, 'amd-avx2') == 'onednn'
     monkeypatch.setenv('SWIN_RPE_LINEAR', 'mkl')
     assert choose_kernel('linear', 'cpu', torch.float32) == 'mkl'
     monkeypatch.setenv('SWIN_RPE_LINEAR', 'blas')
@@ -134,10 +139,14 @@ def test_bf16_linear_runs_on_any_cpu(grad):
         assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
-def test_cpu_isa_follows_aten_capability():
-    """The rule's instruction set is ATen's own CPU capability (what ATEN_CPU_CAPABILITY sets)."""
+def test_cpu_class_is_vendor_and_aten_capability():
+    """The class names the vendor (/proc/cpuinfo) and ATen's own CPU capability (what
+    ATEN_CPU_CAPABILITY sets)."""
     import swin_rpe_plugin.ops.dispatch as dispatch
-    for capability, isa in (('AVX512', 'avx512'), ('AVX512_BF16', 'avx512'), ('AVX2', 'avx2'),
-                            ('DEFAULT', 'avx2')):
-        assert dispatch.isa_of_capability(capability) == isa
-    assert dispatch.CPU_ISA == dispatch.isa_of_capability(torch.backends.cpu.get_cpu_capability())
+    for vendor, capability, cpu in (('AuthenticAMD', 'AVX512', 'amd-avx512'),
+                                    ('GenuineIntel', 'AVX512_BF16', 'intel-avx512'),
+                                    ('AuthenticAMD', 'AVX2', 'amd-avx2'),
+                                    ('', 'DEFAULT', 'other-avx2')):
+        assert dispatch.cpu_class(vendor, capability) == cpu
+    assert dispatch.CPU_CLASS == dispatch.cpu_class(
+        dispatch._vendor_id(), torch.backends.cpu.get_cpu_capability())
