@@ -188,19 +188,35 @@ def _attention_backward(ctx, grad_out: Tensor):
 _attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
 
 
+# Whether this CPU multiplies bf16 / fp16 natively (avx512_bf16, AMX, avx512_fp16): elsewhere
+# oneDNN falls back to reference kernels for them, many times slower than float32 products.
+NATIVE_PRODUCTS = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+                   torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported()}
+
+
+def backward_product_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the attention backward's products for a forward in ``dtype``: itself where
+    the CPU multiplies it natively (:data:`NATIVE_PRODUCTS`), else float32. A fixed property
+    of the machine, so every run on it computes the same."""
+    return dtype if NATIVE_PRODUCTS.get(dtype, True) else torch.float32
+
+
 @torch.library.custom_op('swin_rpe::window_attention_backward', mutates_args=())
 def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
                            mask: Optional[Tensor], scale: float,
                            nw: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dbias): softmax(q k^T s + bias + mask) recomputed per image.
 
-    The four batched products run in q's dtype (bf16 under autocast: bf16 operands, float32
-    accumulation, as the forward's flash kernel and autocast's own products do); the logits,
-    softmax and its gradient ``ds = p * (dp - rowsum(dp * p))`` stay float32, and ds is rounded
-    to q's dtype only as an operand of dq and dk. float32 inputs compute in float32 throughout.
+    The batched products run in q's dtype (bf16 under autocast: bf16 operands, float32
+    accumulation, as the forward's flash kernel and autocast's own products do) where the CPU
+    multiplies that dtype natively (:func:`backward_product_dtype`); the logits, softmax and
+    its gradient ``ds = p * (dp - rowsum(dp * p))`` stay float32, and ds is rounded to the
+    product dtype only as an operand of dq and dk. float32 inputs compute in float32 throughout.
     """
     dtypes = (q.dtype, k.dtype, v.dtype, bias.dtype)
-    product = q.dtype  # autocast does not reach here: the forward's dtype is the inputs'
+    # autocast does not reach here: the forward's dtype is the inputs'
+    product = backward_product_dtype(q.dtype)
+    q = q.to(product)
     k, v, grad_out = k.to(product), v.to(product), grad_out.to(product)
     bias = bias.float()
     bw, heads, n, head_dim = q.shape

@@ -55,12 +55,20 @@ def test_recomputed_backward_matches_autograd_of_the_explicit_path(masked_window
         assert torch.allclose(fused_grad, explicit_grad, atol=1e-5)
 
 
+@pytest.mark.parametrize('native', [True, False], ids=['native-bf16', 'emulated-bf16'])
 @pytest.mark.parametrize('masked_windows', [0, 4])
-def test_bf16_backward_is_bf16_products_with_float32_softmax(masked_windows):
+def test_bf16_backward_is_bf16_products_with_float32_softmax(masked_windows, native,
+                                                             monkeypatch):
     """bf16 q, k, v (autocast's cast): gradients in bf16 (the bias's in float32), within bf16
     rounding of float64 autograd through the loop reference on the same bf16 values. Products
-    in bf16 round each operand once (2^-9 relative): ds and p are the rounded ones, so the
-    bound is a few bf16 ulps of the largest gradient, far below what a wrong formula gives."""
+    in bf16 (a CPU with native bf16; forced here on any CPU) round each operand once (2^-9
+    relative): ds and p are the rounded ones, so the bound is a few bf16 ulps of the largest
+    gradient, far below what a wrong formula gives. Without native bf16 they run in float32."""
+    import swin_rpe_plugin.ops.attention as attention
+    monkeypatch.setitem(attention.NATIVE_PRODUCTS, torch.bfloat16, native)
+    assert attention.backward_product_dtype(torch.bfloat16) == \
+        (torch.bfloat16 if native else torch.float32)
+    assert attention.backward_product_dtype(torch.float32) == torch.float32
     b, nw, heads, n, hd = 2, 4, 3, 49, 16
     torch.manual_seed(0)
     q, k, v = (torch.randn(b * nw, heads, n, hd).bfloat16().requires_grad_() for _ in range(3))
