@@ -4,7 +4,7 @@
         [--shape 800 1216 --shape 512 512] [--batch N] [--mode infer|train ...]
         [--dtype fp32|bf16|fp16 ...] [--threads T] [--repeats R] [--quick] [--compile]
         [--no-memory] [--profile] [--runtime onnxruntime|openvino ...] [--runtime-only]
-        [--detector mask-rcnn|upernet ...] [--window M (v2)] [--json bench.json]
+        [--detector mask-rcnn|upernet ...] [--window M (v2)] [--work] [--json bench.json]
     .venv/bin/python tools/benchmark.py --report bench.json [more.json ...]
 
 Comparisons (each record: medians of interleaved runs, speedup = baseline / ours, the spread,
@@ -20,6 +20,9 @@ this machine's matmul peak in the record's dtype, timed in the same rounds):
   autocast, as ``tools/train.py --amp``.
 With --dtype bf16/fp16 both sides run under the same autocast; a dtype whose matmul peak is not
 1.5x fp32's (no native units) is skipped with a line saying so, unless --force-dtype.
+--work counts instead of timing (``analysis/work.py``): product FLOPs, bytes moved outside the
+products (by kind), bytes kept for backward and the allocator peak, exact and the same on every
+CPU; every eager backbone record of a timed run carries the same counts under ``work``.
 --profile adds the top operators of one step of each side. --report regenerates
 docs/performance.md, its chart docs/images/benchmark_<cpu>.png and the README headline block
 from JSON files written by --json.
@@ -36,7 +39,7 @@ from tqdm import tqdm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from swin_rpe_plugin.cli import ArgumentParser  # noqa: E402
-from swin_rpe_plugin.analysis.benchmark import ARCHS, DTYPES  # noqa: E402
+from swin_rpe_plugin.analysis.benchmark import ARCHS, DTYPES, backbone_work  # noqa: E402
 from swin_rpe_plugin.analysis.benchmark_format import format_profile, format_table  # noqa: E402
 from swin_rpe_plugin.analysis.benchmark_runner import (fast_low_precision,  # noqa: E402
                                                        machine_info, matmul_gflops,
@@ -83,6 +86,11 @@ def parse_args(argv=None):
     p.add_argument('--detector', action='append', choices=DETECTORS,
                    help='repeatable: time the whole stock model with our backbone swapped in')
     p.add_argument('--detector-only', action='store_true', help='only the whole-model lines')
+    p.add_argument('--work', action='store_true',
+                   help='only the exact work counts, no timing (analysis/work.py): product '
+                   'FLOPs, bytes moved outside the products by kind, bytes kept for backward '
+                   'and the allocator peak of mmdet, ours and ours on the generic path; '
+                   'default 224x224 b1, infer and train, fp32 and bf16, a few seconds')
     p.add_argument('--json', help='write the records here')
     p.add_argument('--report', nargs='+', metavar='JSON',
                    help='regenerate docs/performance.md, its chart and the README headline from '
@@ -95,6 +103,8 @@ def parse_args(argv=None):
         p.error('--repeats and --threads must be >= 1')
     if args.window is not None and (args.window < 1 or args.arch not in V2_ARCHS):
         p.error('--window is for --arch v2-* and must be >= 1')
+    if args.work and (args.arch in V2_ARCHS or args.runtime or args.detector):
+        p.error('--work counts v1 backbones: drop --runtime/--detector, use a v1 --arch')
     if args.arch in V2_ARCHS and (args.runtime or args.detector):
         p.error(f'--runtime and --detector compare v1 backbones: drop them or use --arch tiny')
     return args
@@ -103,7 +113,7 @@ def parse_args(argv=None):
 def cases_of(args):
     if args.shape:
         return [(tuple(s), args.batch or 1) for s in args.shape]
-    if args.quick:
+    if args.quick or args.work:
         return [((224, 224), args.batch or 1)]
     if args.arch in V2_ARCHS:
         return [((512, 512), args.batch or 2)]
@@ -201,6 +211,20 @@ def provenance(argv) -> dict:
                 commit=commit)
 
 
+def work_main(args, argv, machine) -> int:
+    """--work: the exact counts of every case, mode and dtype (fp32 and bf16 by default)."""
+    from swin_rpe_plugin.analysis.work import format_work
+    records = [dict(backbone_work(args.arch, shape, batch, mode, dtype), **machine)
+               for dtype in dict.fromkeys(args.dtype or ['fp32', 'bf16'])
+               for shape, batch in cases_of(args) for mode in args.mode or ['infer', 'train']]
+    print(format_work(records))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(dict(machine, **provenance(argv), records=records), f, indent=1)
+        print(f'wrote {args.json}')
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.report:
@@ -219,6 +243,8 @@ def main(argv=None) -> int:
             return 0
 
     machine = machine_info(args.threads)
+    if args.work:
+        return work_main(args, argv, machine)
     peaks = {'fp32': matmul_gflops()}
     print(f'{machine["cpu"]}, {args.threads} threads, torch {machine["torch"]}; matmul fp32: '
           f'{peaks["fp32"]:.1f} GFLOP/s')
@@ -231,6 +257,10 @@ def main(argv=None) -> int:
             record = run_comparison(build(), args.repeats, args.threads, bar,
                                     profile=args.profile,
                                     measure_memory=memory and not args.no_memory)
+            if record['kind'] == 'backbone' and '+' not in record['mode'] \
+                    and 'mask_padding' not in record:
+                record['work'] = backbone_work(record['arch'], record['shape'], record['batch'],
+                                               record['mode'], record['dtype'])['sides']
             records.append(dict(record, **machine))
         if args.runtime:
             records += [dict(r, **machine) for r in runtime_records(args, bar)]

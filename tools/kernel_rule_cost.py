@@ -3,10 +3,15 @@
     .venv/bin/python tools/kernel_rule_cost.py [--arch tiny] [--shape 512 512] [--batch 2]
         [--repeats 7] [--json out.json]
 
-``ops/dispatch.py`` serves every CPU linear with oneDNN (a rule, so that two processes compute
-the same bits). This prints, per product shape of the backbone (forward and input gradient),
-the median time of each library and the time the whole backbone's linears would save if each
-shape took the faster one: the cost of the rule against a per-shape choice.
+``ops/dispatch.py`` picks the library of every CPU linear by a fixed rule per kind, dtype and CPU
+class (so that two processes compute the same bits). This prints, per product shape of the
+backbone (forward and input gradient), the median time of each library and the time the whole
+backbone's linears would save if each shape took the faster one: the cost of the rule against a
+per-shape choice. Then the kind 'linear_gelu' (fc1 at inference): oneDNN with GELU in its
+epilogue against MKL's product followed by a GELU pass, with the bias in both.
+
+Zen 3 (AMD EPYC, AVX2, 2 threads, 512x512 b2, idle, 2026-12-01): see docs/performance.md's
+kernel-rule section for the figures the 'linear_gelu' rule rests on.
 """
 import json
 import os
@@ -78,10 +83,25 @@ def main(argv=None) -> int:
     print(f'all linears of one forward + input-gradient pass: oneDNN {totals["onednn"]:.0f} ms, '
           f'MKL {totals["mkl"]:.0f} ms, fastest per shape {totals["fastest"]:.0f} ms: the rule '
           f'costs {totals["onednn"] / totals["fastest"] - 1:+.1%} against a per-shape choice')
+    gelu_totals = {'onednn': 0.0, 'mkl': 0.0}
+    for name, rows, k, n, count in products(ARCHS[args.arch], args.shape, args.batch):
+        if not name.endswith('.fc1'):
+            continue
+        x, weight, bias = torch.randn(rows, k), torch.randn(n, k), torch.randn(n)
+        t = {'onednn': median_ms(lambda: onednn(x, weight, bias, 'gelu', [], 'none'),
+                                 args.repeats),
+             'mkl': median_ms(lambda: F.gelu(F.linear(x, weight, bias)), args.repeats)}
+        records.append(dict(name=name + '+gelu', rows=rows, k=k, n=n, count=count, **t))
+        for lib in t:
+            gelu_totals[lib] += count * t[lib]
+        print(f'{name + "+gelu":24s} {rows:6d}x{k:4d}->{n:4d} x{count}: oneDNN fused '
+              f'{t["onednn"]:7.2f} ms, MKL + GELU {t["mkl"]:7.2f} ms')
+    print(f'fc1 + GELU at inference ("linear_gelu"): oneDNN fused {gelu_totals["onednn"]:.0f} ms, '
+          f'MKL then GELU {gelu_totals["mkl"]:.0f} ms')
     if args.json:
         with open(args.json, 'w') as f:
-            json.dump(dict(totals=totals, records=records, threads=torch.get_num_threads()), f,
-                      indent=1)
+            json.dump(dict(totals=totals, gelu_totals=gelu_totals, records=records,
+                           threads=torch.get_num_threads()), f, indent=1)
     return 0
 
 

@@ -11,7 +11,8 @@ import torch
 from .benchmark_runner import DTYPES, ChildStep, Comparison
 
 __all__ = ['ARCHS', 'DTYPES', 'build_model', 'build_pair', 'step_fn', 'max_abs_diff',
-           'max_rel_err', 'backbone_gflops', 'backbone_comparison', 'memory_step']
+           'max_rel_err', 'backbone_gflops', 'backbone_comparison', 'memory_step',
+           'WORK_SIDES', 'backbone_work']
 
 ARCHS = {
     'tiny': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
@@ -147,3 +148,27 @@ def backbone_comparison(arch: str, shape: Tuple[int, int], batch: int, mode: str
     steps = {'mmdet': step_fn(stock, mode, dtype), 'ours': step_fn(ours, mode, dtype)}
     return Comparison(key, steps, x, baseline='mmdet', gflops=gflops, roof_dtype=dtype,
                       checks=checks, memory=memory)
+
+
+WORK_SIDES = ('mmdet', 'ours', 'ours_generic')
+
+
+def backbone_work(arch: str, shape: Tuple[int, int], batch: int, mode: str,
+                  dtype: str = 'fp32', profiles: bool = False) -> dict:
+    """The exact work record of one case (``analysis/work.py``): mmdet's backbone, ours on the
+    CPU path and ours on the generic path (``SWIN_RPE_BACKEND=generic``, what other devices
+    run), same weights and input. Counts, so no timing and no memory child process.
+
+    ``profiles`` keeps each side's bytes per operator and kept bytes per producer."""
+    from ..ops.dispatch import force_backend
+    from .work import count_work, side_summary
+    stock, ours = build_pair(arch)
+    x = torch.randn(batch, 3, *shape)
+    sides = {}
+    for side in WORK_SIDES:
+        model = stock if side == 'mmdet' else ours
+        with force_backend('generic' if side == 'ours_generic' else 'auto'):
+            work = count_work(step_fn(model, mode, dtype), x, model, backward=mode == 'train')
+        sides[side] = work if profiles else side_summary(work)
+    return dict(kind='work', arch=arch, shape=list(shape), batch=batch, mode=mode, dtype=dtype,
+                sides=sides)

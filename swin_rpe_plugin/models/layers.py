@@ -15,7 +15,8 @@ from mmcv.cnn.bricks.transformer import build_dropout
 from torch import Tensor
 
 from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias, gather_tokens,
-                   linear, linear_with_recomputed_input, relative_position_index, table_rows,
+                   linear, linear_residual, linear_with_recomputed_input,
+                   relative_position_index, split_qkv, table_rows,
                    to_window_tuple, traceable_window_plan, window_attention)
 from ..ops.dispatch import is_tracing
 
@@ -171,15 +172,17 @@ class WindowMSA(nn.Module):
     def attend(self, qkv: Tensor, mask: Optional[Tensor] = None,
                windows_per_image: Optional[int] = None) -> Tensor:
         """Attention and output projection from the qkv projection [B * nW, N, 3C]."""
-        bw, n, c3 = qkv.shape
-        c = c3 // 3
-        qkv = qkv.reshape(bw, n, 3, self.num_heads, c // self.num_heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        q, k, scale = self.query_key(q, k)
-        out = window_attention(q, k, v, self.relative_position_bias(), mask, scale,
-                               self.attn_drop_rate if self.training else 0.0,
-                               fused=self.fused_attention, windows_per_image=windows_per_image)
+        out = self.attention(qkv, mask, windows_per_image)
         return self.proj_drop(linear(out, self.proj.weight, self.proj.bias))
+
+    def attention(self, qkv: Tensor, mask: Optional[Tensor] = None,
+                  windows_per_image: Optional[int] = None) -> Tensor:
+        """Attention before the output projection: [B * nW, N, 3C] -> [B * nW, N, C]."""
+        q, k, v = split_qkv(qkv, self.num_heads)
+        q, k, scale = self.query_key(q, k)
+        return window_attention(q, k, v, self.relative_position_bias(), mask, scale,
+                                self.attn_drop_rate if self.training else 0.0,
+                                fused=self.fused_attention, windows_per_image=windows_per_image)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # mmdet/mmseg/official checkpoints save the index; ours is rebuilt from the window.
@@ -223,8 +226,8 @@ class ShiftWindowMSA(nn.Module):
                                   torch.float32)
 
     def forward(self, query: Tensor, hw_shape: HW, plan: Optional[WindowPlan] = None,
-                norm: Optional[nn.Module] = None, post_norm: Optional[nn.Module] = None
-                ) -> Tensor:
+                norm: Optional[nn.Module] = None, post_norm: Optional[nn.Module] = None,
+                residual: Optional[Tensor] = None) -> Tensor:
         """query: [B, H*W, C] -> [B, H*W, C].
 
         Args:
@@ -232,6 +235,8 @@ class ShiftWindowMSA(nn.Module):
             norm: applied to query first (the block's norm1); passing it here lets the norm
                 output be recomputed in backward instead of kept.
             post_norm: applied to the attention output before drop path (res-post-norm).
+            residual: [B, H*W, C] added to the output. Without post_norm, dropout and drop
+                path the output projection adds it itself (``ops.linear_residual``).
         """
         b, length, c = query.shape
         h, w = hw_shape
@@ -251,10 +256,24 @@ class ShiftWindowMSA(nn.Module):
         qkv = linear_with_recomputed_input(
             query, to_windows, list(norm.parameters()) if norm is not None else [],
             self.w_msa.qkv.weight, self.w_msa.qkv_projection_bias())
-        windows = self.w_msa.attend(qkv, plan.mask, plan.num_windows)
+        windows = self.w_msa.attention(qkv, plan.mask, plan.num_windows)
+        # Tokens back in map order before the projection (a per-token map, so the order is
+        # free): padding is dropped first, and the projection can add the residual itself.
         x = gather_tokens(windows.view(b, -1, c), plan.scatter, plan.gather, False,
                           plan.needs_pad_row)
-        return self.drop(x if post_norm is None else post_norm(x))
+        proj = self.w_msa.proj
+        if residual is not None and post_norm is None and not _drops(self.w_msa.proj_drop,
+                                                                     self.drop):
+            return linear_residual(x, proj.weight, proj.bias, residual)
+        x = self.w_msa.proj_drop(linear(x, proj.weight, proj.bias))
+        x = self.drop(x if post_norm is None else post_norm(x))
+        return x if residual is None else residual + x
+
+
+def _drops(*layers: nn.Module) -> bool:
+    """Whether any of these dropout / drop-path layers changes its input now."""
+    return any(layer.training and getattr(layer, 'p', getattr(layer, 'drop_prob', 0)) > 0
+               for layer in layers)
 
 
 class FFN(nn.Module):
@@ -287,17 +306,22 @@ class FFN(nn.Module):
         (fc1, act, drop1), fc2, drop2 = self.layers
         norm = norm if norm is not None else nn.Identity()
         post_norm = post_norm if post_norm is not None else nn.Identity()
-        if not torch.is_grad_enabled() and _is_exact_gelu(act):  # inference: GELU fused
-            hidden = linear(norm(x), fc1.weight, fc1.bias, gelu=True)
+        # Without a post-norm and with nothing dropped, fc2 adds the residual itself.
+        fused = type(post_norm) is nn.Identity and not _drops(self.dropout_layer)
+        dropping = _drops(drop1, drop2)
+        if not torch.is_grad_enabled() and _is_exact_gelu(act) and not dropping:
+            hidden = linear(norm(x), fc1.weight, fc1.bias, gelu=True)  # inference: GELU fused
+            if fused:
+                return linear_residual(hidden, fc2.weight, fc2.bias, identity)
             out = linear(hidden, fc2.weight, fc2.bias)
             return identity + self.dropout_layer(post_norm(out))
         hidden = linear_with_recomputed_input(x, norm, list(norm.parameters()), fc1.weight,
                                               fc1.bias)
-        if self.ffn_drop == 0:
+        if not dropping:
             out = linear_with_recomputed_input(hidden, act, list(act.parameters()), fc2.weight,
-                                               fc2.bias)
-        else:
-            out = drop2(fc2(drop1(act(hidden))))
+                                               fc2.bias, residual=identity if fused else None)
+            return out if fused else identity + self.dropout_layer(post_norm(out))
+        out = drop2(fc2(drop1(act(hidden))))
         return identity + self.dropout_layer(post_norm(out))
 
 
@@ -339,7 +363,7 @@ class SwinBlock(nn.Module):
             if self.post_norm:
                 x = x + self.attn(x, hw_shape, plan, post_norm=self.norm1)
                 return self.ffn(x, identity=x, post_norm=self.norm2)
-            x = x + self.attn(x, hw_shape, plan, norm=self.norm1)
+            x = self.attn(x, hw_shape, plan, norm=self.norm1, residual=x)
             return self.ffn(x, identity=x, norm=self.norm2)
 
         if self.with_cp and x.requires_grad:

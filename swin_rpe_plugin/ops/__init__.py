@@ -1,12 +1,12 @@
 """The functional core: plain tensor functions, torch only, no module state."""
 from .absolute_position import resize_absolute_pos_embed
-from .attention import window_attention
+from .attention import split_qkv, window_attention
 from .continuous_position import (continuous_position_bias, log_spaced_relative_coords,
                                   resolve_pretrained_window, scaled_cosine_query_key)
 from .masks import (MASK_VALUE, padding_key_mask,
                     shift_attention_mask, shift_region_labels, window_attention_mask)
 from .plan import WindowPlan, cached_window_plan, traceable_window_plan, window_plan
-from .linear import linear, onednn_available
+from .linear import fuses_residual, linear, linear_residual, onednn_available
 from .recompute import linear_with_recomputed_input
 from .relative_position import (gather_relative_position_bias, relative_position_index,
                                 resize_relative_position_bias_table,
@@ -18,10 +18,11 @@ __all__ = [
     'MASK_VALUE', 'WindowPlan', 'cached_window_plan', 'continuous_position_bias',
     'gather_relative_position_bias', 'log_spaced_relative_coords', 'resolve_pretrained_window',
     'scaled_cosine_query_key',
-    'gather_tokens', 'linear', 'linear_with_recomputed_input', 'onednn_available', 'window_plan',
+    'fuses_residual', 'gather_tokens', 'linear', 'linear_residual',
+    'linear_with_recomputed_input', 'onednn_available', 'window_plan',
     'pad_to_window', 'padded_size', 'padding_key_mask', 'relative_position_index',
     'resize_absolute_pos_embed', 'resize_relative_position_bias_table',
-    'shift_attention_mask', 'shift_region_labels', 'table_rows', 'to_window_tuple',
+    'shift_attention_mask', 'shift_region_labels', 'split_qkv', 'table_rows', 'to_window_tuple',
     'traceable_window_plan',
     'window_attention', 'window_attention_mask', 'window_partition', 'window_unpartition',
 ]

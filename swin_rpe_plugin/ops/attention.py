@@ -15,7 +15,39 @@ from torch import Tensor
 
 from .dispatch import compute_dtype, is_tracing, use_cpu_fast_paths
 
-__all__ = ['window_attention']
+__all__ = ['window_attention', 'split_qkv']
+
+
+class _SplitQKV(torch.autograd.Function):
+    """q, k, v as views of the qkv projection; backward writes their gradients straight into
+    one gradient of the projection's layout (autograd's unbind + permute + reshape would stack
+    them, then copy the stack into that layout: two passes of 3C instead of one)."""
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, heads: int):
+        bw, n, c3 = qkv.shape
+        return qkv.view(bw, n, 3, heads, c3 // 3 // heads).permute(2, 0, 3, 1, 4).unbind(0)
+
+    @staticmethod
+    def backward(ctx, dq: Tensor, dk: Tensor, dv: Tensor):
+        bw, heads, n, head_dim = next(g for g in (dq, dk, dv) if g is not None).shape
+        like = next(g for g in (dq, dk, dv) if g is not None)
+        grad = like.new_empty(bw, n, 3, heads, head_dim)
+        for i, g in enumerate((dq, dk, dv)):
+            if g is None:
+                grad[:, :, i].zero_()
+            else:
+                grad[:, :, i].copy_(g.transpose(1, 2))
+        return grad.view(bw, n, 3 * heads * head_dim), None
+
+
+def split_qkv(qkv: Tensor, heads: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """[B * nW, N, 3C] -> q, k, v [B * nW, heads, N, C / heads], views of qkv."""
+    if torch.is_grad_enabled() and qkv.requires_grad and qkv.is_contiguous() \
+            and not is_tracing(qkv):
+        return _SplitQKV.apply(qkv, heads)
+    bw, n, c3 = qkv.shape
+    return qkv.reshape(bw, n, 3, heads, c3 // 3 // heads).permute(2, 0, 3, 1, 4).unbind(0)
 
 
 def window_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
@@ -216,31 +248,40 @@ def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bi
     dtypes = (q.dtype, k.dtype, v.dtype, bias.dtype)
     # autocast does not reach here: the forward's dtype is the inputs'
     product = backward_product_dtype(q.dtype)
-    q = q.to(product)
-    k, v, grad_out = k.to(product), v.to(product), grad_out.to(product)
     bias = bias.float()
     bw, heads, n, head_dim = q.shape
     grad_out = grad_out.reshape(bw, n, heads, head_dim).transpose(1, 2)
-    # With q pre-scaled, dk = ds^T (q s) needs no scaling and dq = (ds k) s is scaled once.
-    q = q * scale
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # Gradients in the layout batched products write without copies: [windows * heads, N, d].
+    dq, dk, dv = (torch.empty(bw, heads, n, head_dim, dtype=product, device=q.device)
+                  for _ in range(3))
     dbias = torch.zeros(heads, n, n, device=q.device)
+
+    def flat(t: Tensor) -> Tensor:  # [w, heads, N, x] -> [w * heads, N, x]
+        return t.reshape(-1, t.shape[-2], t.shape[-1])
+
     for image, lo in enumerate(range(0, bw, nw)):  # per image bounds the matrices
         hi = lo + nw
-        qi, ki, vi, gi = q[lo:hi], k[lo:hi], v[lo:hi], grad_out[lo:hi]
-        logits = torch.matmul(qi, ki.transpose(-2, -1)).float().add_(bias)
+        # One pass each makes the strided views of the qkv output dense in the product's
+        # dtype (q pre-scaled: dk = ds^T (q s) needs no scaling, dq = (ds k) s once), so no
+        # product copies an operand again.
+        qi = flat(torch.mul(q[lo:hi], scale, out=torch.empty_like(dq[lo:hi])))
+        ki, vi, gi = (flat(t[lo:hi].to(product, memory_format=torch.contiguous_format))
+                      for t in (k, v, grad_out))
+        logits = torch.bmm(qi, ki.transpose(1, 2)).float()
+        logits.view(nw, heads, n, n).add_(bias)
         if mask is not None:
             m = mask[image] if mask.dim() == 4 else mask
-            logits[nw - m.shape[0]:] += m.unsqueeze(1).to(logits.dtype)
-        p = logits.softmax(dim=-1)
+            logits.view(nw, heads, n, n)[nw - m.shape[0]:] += m.unsqueeze(1).to(logits.dtype)
+        p = torch.softmax(logits, dim=-1)
         del logits
-        torch.matmul(p.to(product).transpose(-2, -1), gi, out=dv[lo:hi])
-        ds = torch.matmul(gi, vi.transpose(-2, -1)).float()  # dp, turned into ds in place
-        ds.sub_((ds * p).sum(-1, keepdim=True)).mul_(p)
-        dbias += ds.sum(0)
+        torch.bmm(p.to(product).transpose(1, 2), gi, out=flat(dv[lo:hi]))
+        dp = torch.bmm(gi, vi.transpose(1, 2)).float()
+        ds = torch._softmax_backward_data(dp, p, -1, torch.float32)  # p (dp - rowsum(dp p))
+        del dp, p
+        dbias += ds.view(nw, heads, n, n).sum(0)
         ds = ds.to(product)
-        torch.matmul(ds, ki, out=dq[lo:hi])
-        torch.matmul(ds.transpose(-2, -1), qi, out=dk[lo:hi])
+        torch.bmm(ds, ki, out=flat(dq[lo:hi]))
+        torch.bmm(ds.transpose(1, 2), qi, out=flat(dk[lo:hi]))
     dq.mul_(scale)
     return tuple(g.to(dt) for g, dt in zip((dq, dk, dv, dbias), dtypes))
 

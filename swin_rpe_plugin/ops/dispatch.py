@@ -104,17 +104,26 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
-KERNELS = {'linear': ('onednn', 'mkl')}
+# 'linear': every product of a linear layer; 'linear_gelu': fc1 at inference, whose GELU
+# oneDNN applies in the product's epilogue (MKL: the product, then a GELU pass).
+KERNELS = {'linear': ('onednn', 'mkl'), 'linear_gelu': ('onednn', 'mkl')}
+_CPU_CLASSES = [f'{vendor}-{isa}' for vendor in ('amd', 'intel', 'other')
+                for isa in ('avx512', 'avx2')]
 # (kind, device type, dtype, CPU class) -> kernel; anything not listed takes the kind's default
 # (the standard library). bf16 without AVX-512 is MKL's because oneDNN has no bf16 inner
-# product there.
+# product there. fc1 + GELU at inference is oneDNN's wherever oneDNN has the dtype: the fused
+# epilogue saves two passes of the 4C-wide output (tools/kernel_rule_cost.py, Zen 3: see its
+# docstring).
 KERNEL_RULES: Dict[tuple, str] = {
     ('linear', 'cpu', torch.float32, 'amd-avx512'): 'onednn',
     ('linear', 'cpu', torch.bfloat16, 'amd-avx512'): 'onednn',
     ('linear', 'cpu', torch.bfloat16, 'intel-avx512'): 'onednn',
     ('linear', 'cpu', torch.bfloat16, 'other-avx512'): 'onednn',
+    **{('linear_gelu', 'cpu', torch.float32, cpu): 'onednn' for cpu in _CPU_CLASSES},
+    **{('linear_gelu', 'cpu', torch.bfloat16, cpu): 'onednn' for cpu in _CPU_CLASSES
+       if cpu.endswith('avx512')},
 }
-DEFAULT_KERNELS = {'linear': 'mkl'}
+DEFAULT_KERNELS = {'linear': 'mkl', 'linear_gelu': 'mkl'}
 _forced_kernels: Dict[str, Optional[str]] = {}
 
 

@@ -24,7 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .dispatch import choose_kernel, compute_dtype, use_cpu_fast_paths
 
-__all__ = ['linear', 'onednn_available']
+__all__ = ['linear', 'linear_residual', 'fuses_residual', 'onednn_available']
 
 _OP = getattr(torch.ops.mkldnn, '_linear_pointwise', None) if hasattr(torch.ops, 'mkldnn') \
     else None
@@ -34,7 +34,7 @@ _MKLDNN = torch.backends.mkldnn.is_available()
 _ONEDNN_BF16 = _OP is not None and _MKLDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def onednn_available(x: Tensor) -> bool:
+def onednn_available(x: Tensor, kind: str = 'linear') -> bool:
     """True when x takes the oneDNN path: CPU fast paths allowed (``dispatch.py``), oneDNN
     built in, products in float32, or in bfloat16 on a CPU whose oneDNN has bf16 kernels
     (autocast's dtype or x's own), and the kernel rule naming oneDNN for them.
@@ -47,7 +47,7 @@ def onednn_available(x: Tensor) -> bool:
     dtype = compute_dtype(x)
     if not (dtype == torch.float32 or (dtype == torch.bfloat16 and _ONEDNN_BF16)):
         return False
-    return choose_kernel('linear', x.device.type, dtype) == 'onednn'
+    return choose_kernel(kind, x.device.type, dtype) == 'onednn'
 
 
 
@@ -70,7 +70,7 @@ def _product(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
 def _linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], gelu: bool) -> Tensor:
     """x @ weight.T (+ bias), then exact GELU if ``gelu`` (fused: no gradient for it)."""
     if gelu:  # the fused epilogue is oneDNN's alone
-        if choose_kernel('linear', x.device.type, x.dtype) == 'onednn':
+        if choose_kernel('linear_gelu', x.device.type, x.dtype) == 'onednn':
             return _onednn(x, weight, bias, 'gelu')
         return F.gelu(F.linear(x, weight, bias))
     return _product(x, weight, bias)
@@ -135,16 +135,52 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         x: [..., C_in]; weight: [C_out, C_in]; bias: [C_out] or None.
         gelu: apply the exact (erf) GELU to the output; fused into the matmul at inference.
     """
+    if gelu and not _needs_grad(x, weight, bias) and onednn_available(x, 'linear_gelu') \
+            and weight.dtype.is_floating_point:
+        dtype = compute_dtype(x)  # inference: GELU in the product's epilogue, one pass less
+        return _linear_op(x.to(dtype), _cast_parameter(weight, dtype),
+                          None if bias is None else _cast_parameter(bias, dtype), True)
+    if gelu:  # a gradient through GELU, or no fused epilogue: the product, then GELU
+        return F.gelu(linear(x, weight, bias))
     if not onednn_available(x) or not weight.dtype.is_floating_point:
-        out = F.linear(x, weight, bias)
-        return F.gelu(out) if gelu else out
+        return F.linear(x, weight, bias)
     dtype = compute_dtype(x)
     # oneDNN ops are outside autocast's reach: cast as autocast would (differentiably).
     x, weight = x.to(dtype), _cast_parameter(weight, dtype)
     bias = None if bias is None else _cast_parameter(bias, dtype)
-    needs_grad = torch.is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-    if not needs_grad:
-        return _linear_op(x, weight, bias, gelu)
-    out = _linear_op(x, weight, bias, False)
-    return F.gelu(out) if gelu else out
+    return _linear_op(x, weight, bias, False)
+
+
+def _needs_grad(*tensors: Optional[Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def fuses_residual(x: Tensor, residual: Tensor) -> bool:
+    """True where :func:`linear_residual` runs as one product into the residual: float32
+    products (no autocast: a bf16 product cannot accumulate into the float32 stream), the
+    plain library's ``addmm`` (oneDNN adds its bias in the epilogue instead), not traced."""
+    return (compute_dtype(x) == torch.float32 and x.dtype == residual.dtype == torch.float32
+            and not onednn_available(x) and not torch.jit.is_tracing()
+            and not torch.compiler.is_exporting())
+
+
+def linear_residual(x: Tensor, weight: Tensor, bias: Optional[Tensor],
+                    residual: Tensor) -> Tensor:
+    """``residual + F.linear(x, weight, bias)``, with the residual added by the product itself.
+
+    ``F.linear`` on CPU copies the bias into its output and the product adds onto it (two
+    passes of the output), and the residual add is three more (two reads, one write). Here the
+    bias is added to the residual in one pass and the product accumulates into that sum in
+    place (``addmm_``, beta = 1): three passes instead of five, on any device. Autograd sees
+    add + addmm_, whose backwards keep only x (and the weight), as ``F.linear`` does.
+
+    Args:
+        x: [..., C_in]; weight: [C_out, C_in]; bias: [C_out] or None; residual: [..., C_out].
+    """
+    if not fuses_residual(x, residual):
+        return residual + linear(x, weight, bias)
+    # 2-D from the start: addmm_ on a view of the sum would make autograd rebase the view.
+    flat = residual.reshape(-1, residual.shape[-1])
+    out = flat + bias if bias is not None else flat.clone()
+    out.addmm_(x.reshape(-1, x.shape[-1]), weight.t())
+    return out.view(residual.shape)

@@ -16,7 +16,8 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .linear import linear
+from .dispatch import compute_dtype
+from .linear import linear, linear_residual
 
 __all__ = ['linear_with_recomputed_input']
 
@@ -24,8 +25,9 @@ __all__ = ['linear_with_recomputed_input']
 class _LinearRecomputedInput(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], prefix: Callable,
-                num_prefix_params: int, *prefix_params: Tensor) -> Tensor:
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor],
+                residual: Optional[Tensor], prefix: Callable, num_prefix_params: int,
+                *prefix_params: Tensor) -> Tensor:
         ctx.prefix, ctx.num_prefix_params = prefix, num_prefix_params
         ctx.has_bias = bias is not None
         device = x.device.type
@@ -38,7 +40,11 @@ class _LinearRecomputedInput(torch.autograd.Function):
             weight = weight.to(ctx.autocast[1])
         ctx.save_for_backward(x, weight, *prefix_params)
         with torch.no_grad():
-            return linear(prefix(x), weight, bias)
+            y = prefix(x)
+            ctx.product_dtype = compute_dtype(y)
+            if residual is None:
+                return linear(y, weight, bias)
+            return linear_residual(y, weight, bias, residual)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
@@ -47,7 +53,9 @@ class _LinearRecomputedInput(torch.autograd.Function):
         with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
             x_ = x.detach().requires_grad_(ctx.needs_input_grad[0])
             y = ctx.prefix(x_)
-        product_dtype = grad_out.dtype  # the forward product's dtype
+        grad_residual = grad_out if ctx.needs_input_grad[3] else None
+        product_dtype = ctx.product_dtype
+        grad_out = grad_out.to(product_dtype)  # the gradient of the product's own output
         grad_flat = grad_out.reshape(-1, grad_out.shape[-1])
         grad_weight = grad_bias = None
         if ctx.needs_input_grad[1]:
@@ -58,18 +66,21 @@ class _LinearRecomputedInput(torch.autograd.Function):
         with torch.no_grad():
             grad_y = linear(grad_out, weight.t().to(product_dtype)).to(y.dtype)
         wanted = [t for t, need in zip([x_, *prefix_params],
-                                       [ctx.needs_input_grad[0], *ctx.needs_input_grad[5:]])
+                                       [ctx.needs_input_grad[0], *ctx.needs_input_grad[6:]])
                   if need]
         grads = iter(torch.autograd.grad(y, wanted, grad_y) if wanted else ())
         grad_x = next(grads) if ctx.needs_input_grad[0] else None
-        grad_params = [next(grads) if need else None for need in ctx.needs_input_grad[5:]]
-        return (grad_x, grad_weight, grad_bias, None, None, *grad_params)
+        grad_params = [next(grads) if need else None for need in ctx.needs_input_grad[6:]]
+        return (grad_x, grad_weight, grad_bias, grad_residual, None, None, *grad_params)
 
 
 def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
                                  prefix_params: Sequence[Tensor], weight: Tensor,
-                                 bias: Optional[Tensor]) -> Tensor:
-    """``linear(prefix(x), weight, bias)``, keeping x instead of prefix(x) for backward.
+                                 bias: Optional[Tensor],
+                                 residual: Optional[Tensor] = None) -> Tensor:
+    """``linear(prefix(x), weight, bias)`` (``+ residual`` if given, added by the product
+    itself where :func:`~.linear.linear_residual` can), keeping x instead of prefix(x) for
+    backward.
 
     Args:
         x: input of the prefix, [..., C_in'] (kept for backward).
@@ -77,15 +88,19 @@ def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
             tensors in prefix_params as trainable parameters.
         prefix_params: the parameters prefix uses (they receive gradients).
         weight, bias: of the linear layer, [C_out, C_in] and [C_out].
+        residual: [..., C_out] added to the output (its gradient is the output's), or None.
 
     Returns:
         [..., C_out].
     """
     needs_grad = torch.is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or any(p.requires_grad for p in prefix_params))
+        x.requires_grad or weight.requires_grad or any(p.requires_grad for p in prefix_params)
+        or (residual is not None and residual.requires_grad))
     # Tracers (FLOP counters, exporters) see plain ops; under torch.compile the partitioner
     # decides what backward keeps or recomputes (it cannot trace autograd.grad in a backward).
     if not needs_grad or torch.jit.is_tracing() or torch.compiler.is_compiling():
-        return linear(prefix(x), weight, bias)
-    return _LinearRecomputedInput.apply(x, weight, bias, prefix, len(prefix_params),
+        y = prefix(x)
+        return linear(y, weight, bias) if residual is None else \
+            linear_residual(y, weight, bias, residual)
+    return _LinearRecomputedInput.apply(x, weight, bias, residual, prefix, len(prefix_params),
                                         *prefix_params)

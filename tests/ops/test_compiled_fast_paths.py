@@ -51,7 +51,8 @@ def test_compiled_graph_keeps_the_fast_paths(kernel):
     model = tiny_model().eval()
     graphs = []
     compiled = torch.compile(model, backend=recording_backend(graphs), fullgraph=True)
-    with dispatch.force_kernel('linear', kernel), torch.no_grad():
+    with dispatch.force_kernel('linear', kernel), dispatch.force_kernel('linear_gelu', kernel), \
+            torch.no_grad():
         compiled(torch.randn(1, 3, 61, 75))
     ops = called_ops(graphs)
     assert 'swin_rpe.window_attention.default' in ops

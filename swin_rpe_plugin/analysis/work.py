@@ -1,0 +1,320 @@
+"""Exact work of one step: product FLOPs, bytes moved outside the products, bytes kept for
+backward and the allocator's peak. Counts, not timings: the same on any CPU and under any load.
+
+:func:`count_work` runs one step under a ``TorchDispatchMode`` that sees every aten operator,
+forward and backward, and under ``saved_tensors_hooks`` and the profiler's memory events:
+
+- **product FLOPs**: 2 x multiply-adds of every matrix product (mm, addmm, bmm, baddbmm, the
+  oneDNN linear, convolutions, and the products inside SDPA's fused kernels);
+- **bytes outside the products**: for every other operator, the bytes of its tensor inputs
+  (read) and outputs (written). A tensor counts the memory it spans: a broadcast (stride-0)
+  view counts its storage, a slice its elements. Views move nothing and count zero. Products
+  count only what they do besides the product: ``addmm``/``baddbmm`` first copy the bias into
+  the output on CPU (ATen's ``addmm_impl_cpu_``), and the product then reads it back (beta = 1):
+  two passes of the output, one for the in-place ``addmm_`` (kind "bias prefill"),
+  and SDPA's fused kernels read the mask and write the softmax statistics; oneDNN's linear
+  adds its bias (and GELU, where fused) in the product's epilogue and counts nothing;
+- **registered ops are not fused kernels**: a ``swin_rpe::`` op is counted through its Python
+  implementation, operator by operator (only the aten kernels it calls are kernels);
+- **kept for backward**: unique storages packed by autograd (``saved_tensors_hooks``),
+  parameters excluded (their low-precision casts under autocast are counted, and also given
+  apart as ``saved_weight_cast_bytes``: a tensor of a weight's shape in bf16/fp16, the same
+  for both backbones); **allocator peak**: the running sum of the profiler's memory events
+  over the step, above what was allocated before it.
+
+Kinds of the breakdown (:data:`KINDS`) go by operator, and by shape for elementwise ops: an
+operand whose last two sizes are equal (a window's N x N attention matrix, the bias) makes
+the op "attention". A permute + contiguous (a window partition as mmdet writes it) is a
+copy, so it is "cast/copy"; a gather by index is "window gather/scatter".
+
+The step runs once before counting (caches of plans, biases and weight casts warm, as in a
+training loop) and at one thread while counting: SDPA's CPU kernels size their scratch buffers
+by the thread count, the one thing the peak would otherwise depend on. By default the counted
+call skips the arithmetic of mm/addmm/bmm/baddbmm (their outputs are allocated with the shapes
+and strides the kernels give, and left unwritten): the counts stay exact, and bf16 counts take
+seconds on CPUs that emulate bf16 products.
+"""
+import contextlib
+from collections import Counter
+from typing import Callable, Dict, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ['KINDS', 'WorkCounter', 'count_work', 'side_summary', 'format_work']
+
+KINDS = ('cast/copy', 'bias prefill', 'norm', 'activation', 'attention',
+         'window gather/scatter', 'residual/elementwise')
+
+WEIGHT_CASTS = 'weight casts'
+_PRODUCTS = {'mm', 'addmm', 'addmm_', 'bmm', 'baddbmm', 'baddbmm_', 'addbmm', 'convolution', 'convolution_backward',
+             '_linear_pointwise', '_scaled_dot_product_flash_attention_for_cpu',
+             '_scaled_dot_product_flash_attention_for_cpu_backward',
+             '_scaled_dot_product_efficient_attention',
+             '_scaled_dot_product_efficient_attention_backward',
+             '_scaled_dot_product_flash_attention', '_scaled_dot_product_flash_attention_backward'}
+_BY_OP = {
+    'norm': {'native_layer_norm', 'native_layer_norm_backward', 'native_group_norm',
+             'native_group_norm_backward'},
+    'activation': {'gelu', 'gelu_', 'gelu_backward', 'relu', 'relu_', 'threshold_backward',
+                   'native_dropout', 'native_dropout_backward', 'bernoulli', 'bernoulli_'},
+    'attention': {'_softmax', '_softmax_backward_data', 'masked_fill', 'masked_fill_'},
+    'window gather/scatter': {'index_select', 'index', 'index_put', 'index_put_',
+                              '_index_put_impl_', 'gather', 'scatter', 'scatter_add',
+                              'scatter_add_', 'index_add', 'index_add_', 'roll',
+                              'embedding', 'embedding_dense_backward'},
+    'cast/copy': {'_to_copy', 'copy_', 'clone', 'cat', 'stack', 'constant_pad_nd', 'fill_',
+                  'zero_', 'zeros', 'zeros_like', 'ones_like', 'full', 'new_zeros',
+                  'new_full', 'col2im', 'im2col'},
+}
+_KIND_OF_OP = {op: kind for kind, ops in _BY_OP.items() for op in ops}
+# Allocations without a write, and views the schema does not mark as aliases (_unsafe_view).
+_NO_TRAFFIC = {'empty', 'empty_like', 'new_empty', 'empty_strided', 'new_empty_strided',
+               'arange', 'scalar_tensor', 'lift_fresh', 'detach', 'resize_', 'set_', 'alias',
+               '_unsafe_view'}
+
+
+def _tensor_bytes(t) -> int:
+    """Bytes of memory a tensor spans: its elements, at most its storage (broadcast views)."""
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+        return 0
+    size = t.element_size()
+    try:
+        stored = t.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError):
+        stored = t.numel() * size
+    return min(t.numel() * size, stored)
+
+
+def _tensors(tree):
+    return [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _square(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] == t.shape[-2] > 1
+
+
+def _product_flops(name: str, args, out) -> int:
+    """2 x multiply-adds of one product operator."""
+    if name in ('mm', 'addmm', 'addmm_', '_linear_pointwise'):
+        a, b = (args[1], args[2]) if name.startswith('addmm') else (args[0], args[1])
+        if name == '_linear_pointwise':  # x [.., K] by weight [N, K]
+            return 2 * a.numel() * b.shape[0]
+        return 2 * a.shape[0] * a.shape[1] * b.shape[1]
+    if name in ('bmm', 'baddbmm', 'baddbmm_', 'addbmm'):
+        a, b = (args[0], args[1]) if name == 'bmm' else (args[1], args[2])
+        return 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+    if name == 'convolution':
+        x, w = args[0], args[1]
+        return 2 * _tensors(out)[0].numel() * w[0].numel()
+    if name == 'convolution_backward':  # (grad_out, input, weight, ..., output_mask)
+        grad_out, w, mask = args[0], args[2], args[-1]
+        return 2 * grad_out.numel() * w[0].numel() * (int(mask[0]) + int(mask[1]))
+    q, k = args[0], args[1]
+    if name.endswith('backward'):  # grad_out first: q, k at 1, 2
+        q, k = args[1], args[2]
+    per_product = 2 * q.numel() // q.shape[-1] * k.shape[-2] * q.shape[-1]
+    # forward: q k^T and p v; backward: the recomputed q k^T, dv, dp, dq, dk
+    return per_product * (5 if name.endswith('backward') else 2)
+
+
+def _product_outside_bytes(name: str, args, kwargs, out) -> int:
+    """Bytes a product operator moves besides the product (see the module docstring)."""
+    if name in ('addmm', 'baddbmm', 'addmm_', 'baddbmm_') and kwargs.get('beta', 1) != 0:
+        # With beta != 0 the product re-reads its output (C = beta C + A B), so the addend
+        # is one more pass of the output; out of place it is first copied in (write + read).
+        passes = 1 if name.endswith('_') else 2
+        return passes * _tensor_bytes(_tensors(out)[0]) + (0 if passes == 1 else
+                                                            _tensor_bytes(args[0]))
+    if name.startswith('_scaled_dot_product'):
+        if name.endswith('backward'):  # reads the statistics (and the mask where given)
+            return sum(_tensor_bytes(t) for t in _tensors(args[4:]))
+        mask = kwargs.get('attn_mask', args[3] if len(args) > 3 else None)
+        stats = _tensors(out)[1:2]  # logsumexp
+        return _tensor_bytes(mask) + sum(_tensor_bytes(t) for t in stats)
+    return 0
+
+
+class WorkCounter(TorchDispatchMode):
+    """Counts product FLOPs and bytes moved outside the products of every aten operator run
+    inside it (forward and backward); ``swin_rpe::`` ops are counted through their Python
+    implementations. ``by_op`` keeps the bytes per operator name for profiles."""
+
+    def __init__(self, skip_products: bool = False):
+        super().__init__()
+        self.skip_products = skip_products
+        self.product_flops = 0
+        self.bytes_by_kind: Counter = Counter({kind: 0 for kind in KINDS})
+        self.by_op: Counter = Counter()
+        self.flops_by_op: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == 'swin_rpe':
+            from torch._library.custom_ops import OPDEFS
+            opdef = OPDEFS[func._schema.name]
+            with self:  # the op's own aten calls are what runs
+                return opdef._init_fn(*args, **kwargs)
+        name = func._schema.name.split('::')[-1]
+        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(),
+                                                          'CompositeImplicitAutograd'):
+            with self:  # e.g. matmul(out=): the products and copies it is made of
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        if self.skip_products and name in _SKIPPABLE:
+            out = _unwritten(func, args, kwargs)
+        else:
+            out = func(*args, **kwargs)
+        if name in _PRODUCTS:
+            flops = _product_flops(name, args, out)
+            self.product_flops += flops
+            self.flops_by_op[name] += flops
+            moved = _product_outside_bytes(name, args, kwargs, out)
+            kind = 'bias prefill' if 'addmm' in name or 'baddbmm' in name else 'attention'
+        elif name in _NO_TRAFFIC or _is_view(func):
+            return out
+        else:
+            reads = _tensors(args) + _tensors({k: v for k, v in kwargs.items() if k != 'out'})
+            moved = sum(_tensor_bytes(t) for t in reads + _tensors(out))
+            kind = _KIND_OF_OP.get(name)
+            if kind is None or (kind == 'cast/copy' and any(map(_square, reads))):
+                kind = 'attention' if any(map(_square, reads + _tensors(out))) \
+                    else 'residual/elementwise'
+        if moved:
+            self.bytes_by_kind[kind] += moved
+            self.by_op[f'{name} ({kind})'] += moved
+        return out
+
+
+_SKIPPABLE = {'mm', 'addmm', 'addmm_', 'bmm', 'baddbmm', 'baddbmm_'}
+
+
+def _unwritten(func, args, kwargs):
+    """What ``func`` returns, allocated as its kernel would allocate it, arithmetic skipped:
+    the shapes and strides come from the op's meta kernel."""
+    if 'out' in kwargs:
+        return kwargs['out']
+    if func._schema.name.endswith('_') or func._schema.returns[0].alias_info is not None:
+        return args[0]  # in place (addmm_, baddbmm_)
+    to_meta = lambda t: t.to('meta') if isinstance(t, torch.Tensor) else t  # noqa: E731
+    meta = func(*torch.utils._pytree.tree_map(to_meta, args),
+                **torch.utils._pytree.tree_map(to_meta, kwargs))
+    device = next(t.device for t in _tensors(args))
+    return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype, device=device)
+
+
+def _is_view(func) -> bool:
+    returns = func._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write
+                                 for r in returns)
+
+
+@contextlib.contextmanager
+def _saved_storages(exclude: set, param_shapes: set):
+    """Collects {storage pointer: (bytes, what made it)} of every tensor autograd keeps,
+    parameters excluded; 'what made it' is the producing autograd node and the dtype, or
+    'weight cast' for a tensor of a parameter's shape in another dtype (autocast's casts)."""
+    saved: Dict[int, tuple] = {}
+
+    def pack(t):
+        if t.layout == torch.strided and t.device.type != 'meta':
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in exclude and storage.data_ptr() not in saved:
+                if (tuple(t.shape), t.dtype) in param_shapes:
+                    maker = WEIGHT_CASTS
+                else:
+                    maker = type(t.grad_fn).__name__ if t.grad_fn is not None else 'no grad_fn'
+                    maker = f'{maker} {t.dtype}'[:60]
+                saved[storage.data_ptr()] = (storage.nbytes(), maker)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield saved
+
+
+def _allocator_peak(prof) -> int:
+    """Peak of the running sum of the profiler's allocation events (bytes)."""
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == '[memory]']
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def count_work(step: Callable, x, model: Optional[torch.nn.Module] = None,
+               backward: bool = False, skip_products: bool = True) -> dict:
+    """Exact work of ``step(x)``, after one warm-up call (counted and dropped), at one thread.
+
+    Args:
+        step: one inference or train step (forward + backward inside it).
+        model: whose parameters are excluded from the kept bytes.
+        backward: whether the step trains (the kept bytes are then counted).
+        skip_products: skip the products' arithmetic in the counted call (see above).
+
+    Returns:
+        dict(product_flops, bytes_outside, bytes_by_kind, saved_bytes (None unless
+        backward), peak_bytes, by_op, saved_by: bytes kept per producer and dtype).
+    """
+    from torch.profiler import ProfilerActivity, profile
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()} if model else set()
+    param_shapes = {(tuple(p.shape), dtype) for p in (model.parameters() if model else ())
+                    for dtype in (torch.bfloat16, torch.float16) if p.dim() >= 2} | \
+        {(tuple(p.t().shape), dtype) for p in (model.parameters() if model else ())
+         for dtype in (torch.bfloat16, torch.float16) if p.dim() == 2}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with WorkCounter(skip_products):  # warm-up: fills the caches, its counts dropped
+            step(x)
+        counter = WorkCounter(skip_products)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, \
+                _saved_storages(params, param_shapes) as saved, counter:
+            step(x)
+    finally:
+        torch.set_num_threads(threads)
+    by_kind = dict(counter.bytes_by_kind)
+    saved_by: Counter = Counter()
+    for nbytes, maker in saved.values():
+        saved_by[maker] += nbytes
+    return dict(product_flops=counter.product_flops, bytes_outside=sum(by_kind.values()),
+                bytes_by_kind=by_kind,
+                saved_bytes=sum(saved_by.values()) if backward else None,
+                saved_weight_cast_bytes=saved_by.get(WEIGHT_CASTS, 0) if backward else None,
+                peak_bytes=_allocator_peak(prof), by_op=dict(counter.by_op.most_common()),
+                saved_by=dict(saved_by.most_common()))
+
+
+def side_summary(work: dict) -> dict:
+    """The JSON fields of one side (the per-operator and per-producer profiles dropped)."""
+    return {k: v for k, v in work.items() if k not in ('by_op', 'saved_by')}
+
+
+def _mb(nbytes) -> str:
+    return '-' if nbytes is None else f'{nbytes / 1e6:.1f}'
+
+
+def _ratio(value, base) -> str:
+    return '-' if value is None or not base else f'{value / base:.2f}'
+
+
+def format_work(records) -> str:
+    """A plain-text table of work records (``kind='work'``): one line per case and side, the
+    ratios against the record's first side (mmdet's), the two largest kinds."""
+    lines = [f"{'case':<28} {'side':<13} {'GFLOP':>7} {'MB moved':>9} {'x':>5} "
+             f"{'MB kept':>8} {'x':>5} {'MB peak':>8} {'x':>5}  largest kinds (MB)"]
+    for r in records:
+        case = f"{r['arch']} {r['shape'][0]}x{r['shape'][1]} b{r['batch']} {r['mode']} " \
+               f"{r['dtype']}"
+        base = next(iter(r['sides'].values()))
+        for side, s in r['sides'].items():
+            kinds = sorted(s['bytes_by_kind'].items(), key=lambda kv: -kv[1])[:2]
+            lines.append(
+                f"{case:<28} {side:<13} {s['product_flops'] / 1e9:>7.2f} "
+                f"{_mb(s['bytes_outside']):>9} {_ratio(s['bytes_outside'], base['bytes_outside']):>5} "
+                f"{_mb(s['saved_bytes']):>8} {_ratio(s['saved_bytes'], base['saved_bytes']):>5} "
+                f"{_mb(s['peak_bytes']):>8} {_ratio(s['peak_bytes'], base['peak_bytes']):>5}  "
+                + ', '.join(f'{k} {v / 1e6:.1f}' for k, v in kinds))
+    return '\n'.join(lines)
