@@ -1,14 +1,14 @@
 """Window attention with an additive bias: fused (SDPA) and explicit paths, one signature.
 
-Fused paths: the CPU fast path and the generic path of every other device (``dispatch.py``)
-both split the windows into unmasked ones (one SDPA call, the broadcast bias) and the masked
-ones of each image (bias + mask [nM, heads, N, N]), and without dropout both run the registered
-op ``swin_rpe::window_attention``, whose backward recomputes the attention per image from q, k,
-v, bias and mask. They differ only in the dtype bias + mask is passed in (below). The rule
-for bf16 backward products (:data:`NATIVE_PRODUCTS`) describes this CPU, so it applies to CPU
-tensors on either path; other devices run the backward products in the forward's dtype. Under
-tracers and compilers the generic path is one SDPA call with the windows folded into the
-heads; under torch.export, the explicit path.
+Fused paths: the CPU fast path and the generic path of every other device (``dispatch.py``) both
+split each image's windows into unmasked ones (one SDPA call, the broadcast bias) and masked
+ones (one call, bias + mask [nM, heads, N, N]), and without dropout both run the registered op
+``swin_rpe::window_attention``, whose backward recomputes the attention per image from q, k, v,
+bias and mask. They differ only in the dtype bias + mask is passed in (below). The rule for bf16
+backward products (:data:`NATIVE_PRODUCTS`) describes this CPU, so it applies to CPU tensors on
+either path; other devices run the backward products in the forward's dtype. Under tracers and
+compilers the generic path is one SDPA call with the windows folded into the heads; under
+torch.export, the explicit path.
 
 Precision: the bias, the masks and their sum stay float32 (the CPU flash kernel takes a float32
 mask next to bf16 q, k, v; the generic path casts the summed mask to the kernels' dtype only at
@@ -86,15 +86,15 @@ def _generic(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tenso
              dropout_p: float, nw: int) -> Tensor:
     """The standard path (every device but the CPU fast paths'; see dispatch.py).
 
-    Eager, as lean as the CPU path: the same split of :func:`_fused` (unmasked windows in one
-    SDPA call with the broadcast [1, heads, N, N] bias, the masked ones of each image with
-    their [nM, heads, N, N] bias + mask), so bias + mask is never materialised for every
-    window of every image, and each device runs its own SDPA kernels. Without dropout it is
-    the registered op (forward those calls, backward recomputed per image, pure PyTorch), so
-    backward keeps only q, k, v, bias and mask: no attention matrix, no SDPA output or
-    logsumexp. With dropout the random mask is drawn inside SDPA and cannot be replayed, so
-    autograd runs through the same SDPA calls and keeps what their kernels keep. Under
-    tracers and compilers: :func:`_one_call`.
+    Eager, as lean as the CPU path: the same split of :func:`_fused` (per image, one SDPA call
+    for the unmasked windows with the broadcast [1, heads, N, N] bias and one for the masked
+    ones with their [nM, heads, N, N] bias + mask), so bias + mask is never materialised for
+    every window of every image, and each device runs its own SDPA kernels. Without dropout
+    it is the registered op (forward those calls, backward recomputed per image, pure
+    PyTorch), so backward keeps only q, k, v, bias and mask: no attention matrix, no SDPA
+    output or logsumexp. With dropout the random mask is drawn inside SDPA and cannot be
+    replayed, so autograd runs through the same SDPA calls and keeps what their kernels
+    keep. Under tracers and compilers: :func:`_one_call`.
     """
     if is_tracing(q):
         return _one_call(q, k, v, bias, mask, scale, dropout_p, nw)
