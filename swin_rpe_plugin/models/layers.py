@@ -18,7 +18,7 @@ from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias
                    linear, linear_residual, linear_with_recomputed_input,
                    relative_position_index, split_qkv, table_rows,
                    to_window_tuple, traceable_window_plan, window_attention)
-from ..ops.dispatch import is_tracing
+from ..ops.dispatch import autocast_context, is_tracing
 
 HW = Tuple[int, int]
 
@@ -66,7 +66,7 @@ class PatchEmbed(nn.Module):
         # [B, C_in, H', ph, W', pw] -> [B, H'W', C_in * ph * pw]: the conv weight's order.
         patches = x.view(b, c, hw[0], ph, hw[1], pw).permute(0, 2, 4, 1, 3, 5)
         patches = patches.reshape(b, hw[0] * hw[1], c * ph * pw)
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_context(x.device.type):  # autocast off, where the device has it
             x = linear(patches.float(), conv.weight.flatten(1).float(),
                        None if conv.bias is None else conv.bias.float()).to(x.dtype)
         if self.norm is not None:

@@ -1,5 +1,15 @@
 """Window attention with an additive bias: fused (SDPA) and explicit paths, one signature.
 
+Fused paths: the CPU fast path and the generic path of every other device (``dispatch.py``) both
+split each image's windows into unmasked ones (one SDPA call, the broadcast bias) and masked
+ones (one call, bias + mask [nM, heads, N, N]), and without dropout both run the registered op
+``swin_rpe::window_attention``, whose backward recomputes the attention per image from q, k, v,
+bias and mask. They differ only in the dtype bias + mask is passed in (below). The rule for bf16
+backward products (:data:`NATIVE_PRODUCTS`) describes this CPU, so it applies to CPU tensors on
+either path; other devices run the backward products in the forward's dtype. Under tracers and
+compilers the generic path is one SDPA call with the windows folded into the heads; under
+torch.export, the explicit path.
+
 Precision: the bias, the masks and their sum stay float32 (the CPU flash kernel takes a float32
 mask next to bf16 q, k, v; the generic path casts the summed mask to the kernels' dtype only at
 the call), and the softmax statistics are float32 in every path (inside the SDPA kernels; the
@@ -13,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .dispatch import compute_dtype, is_tracing, use_cpu_fast_paths
+from .dispatch import autocast_context, compute_dtype, is_tracing, use_cpu_fast_paths
 
 __all__ = ['window_attention', 'split_qkv']
 
@@ -106,16 +116,52 @@ def _check_shapes(q: Tensor, bias: Tensor, mask: Optional[Tensor], nw: int) -> N
 
 def _generic(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor], scale: float,
              dropout_p: float, nw: int) -> Tensor:
-    """One standard SDPA call with bias (+ mask) as attn_mask: every device's own kernels
-    (CUDA: memory-efficient attention, which also differentiates the mask), no Python loop."""
+    """The standard path (every device but the CPU fast paths'; see dispatch.py).
+
+    Eager, as lean as the CPU path: the same split of :func:`_fused` (per image, one SDPA call
+    for the unmasked windows with the broadcast [1, heads, N, N] bias and one for the masked
+    ones with their [nM, heads, N, N] bias + mask), so bias + mask is never materialised for
+    every window of every image, and each device runs its own SDPA kernels. Without dropout
+    it is the registered op (forward those calls, backward recomputed per image, pure
+    PyTorch), so backward keeps only q, k, v, bias and mask: no attention matrix, no SDPA
+    output or logsumexp. With dropout the random mask is drawn inside SDPA and cannot be
+    replayed, so autograd runs through the same SDPA calls and keeps what their kernels
+    keep. Under tracers and compilers: :func:`_one_call`.
+    """
+    if is_tracing(q):
+        return _one_call(q, k, v, bias, mask, scale, dropout_p, nw)
+    # Autocast is off below (it would cast bias + mask, and it does not reach the op's
+    # backward), so q, k and v are cast to its dtype here, as on the CPU path; devices without
+    # autocast (meta) have nothing to switch off.
+    dtype = compute_dtype(q)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    with autocast_context(q.device.type):
+        if dropout_p == 0:
+            return _attention_op(q, k, v, bias, mask, scale, nw, True)
+        return _fused(q, k, v, bias, mask, scale, dropout_p, nw, mask_like_q=True)
+
+
+def _one_call(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
+              scale: float, dropout_p: float, nw: int) -> Tensor:
+    """One standard SDPA call, no loop and no branch on sizes (tracers, compilers).
+
+    Windows are folded into the heads ([B, nW * heads, N, head_dim]), so the 4-D kernels take
+    bias + mask as [1, nW * heads, N, N] (or [B, ...] for one mask per image), broadcast over
+    the batch: per window, never per window and image. Traceable plans mask every window,
+    so nothing is lost by not splitting off the unmasked ones. The float32 sum is cast to the
+    products' dtype at the call (autocast casts q, k, v there)."""
     bw, heads, n, head_dim = q.shape
-    attn_mask = bias.unsqueeze(0)  # [1, heads, N, N]
-    if mask is not None:  # [B or 1, nW, 1, N, N] + bias, materialised for the 4-D kernels
-        attn_mask = (_every_window(mask, nw, q).unsqueeze(2) + bias)
-        attn_mask = attn_mask.expand(bw // nw, -1, -1, -1, -1).reshape(bw, heads, n, n)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask.to(compute_dtype(q)),
+    dtype = compute_dtype(q)
+    if mask is None:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(0).to(dtype),
+                                             dropout_p=dropout_p, scale=scale)
+        return out.transpose(1, 2).reshape(bw, n, heads * head_dim)
+    full = _every_window(mask, nw, q)  # [B or 1, nW, N, N]
+    attn_mask = (full.unsqueeze(2) + bias).reshape(full.shape[0], -1, n, n)
+    folded = [t.reshape(-1, nw * heads, n, head_dim) for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*folded, attn_mask=attn_mask.to(dtype),
                                          dropout_p=dropout_p, scale=scale)
-    return out.transpose(1, 2).reshape(bw, n, heads * head_dim)
+    return out.reshape(bw, heads, n, head_dim).transpose(1, 2).reshape(bw, n, heads * head_dim)
 
 
 def _every_window(mask: Tensor, nw: int, like: Tensor) -> Tensor:
@@ -140,14 +186,14 @@ def _cpu_fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Ten
 
 
 def _fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor], scale: float,
-           dropout_p: float, nw: int) -> Tensor:
+           dropout_p: float, nw: int, mask_like_q: bool = False) -> Tensor:
     bw, heads, n, head_dim = q.shape
     # The CPU flash kernel of SDPA takes 4-D inputs and a 4-D mask that broadcasts over the
     # batch ([1, heads, N, N]) or matches it; other shapes fall back to the slower math path.
     # So unmasked windows run in one call with the broadcast bias, and the masked windows of
     # each image in one call with their [nM, heads, N, N] bias + mask: the combined mask is
     # never materialised for every window of every image.
-    mask_dtype = _mask_dtype(q)
+    mask_dtype = _mask_dtype(q, mask_like_q)
     if mask is None:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(0).to(mask_dtype),
                                              dropout_p=dropout_p, scale=scale)
@@ -168,14 +214,18 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor]
     return torch.cat(parts).reshape(bw, n, heads * head_dim)
 
 
-def _mask_dtype(q: Tensor) -> torch.dtype:
-    """float32 next to bf16/fp16 queries (the CPU flash kernel takes it), else q's dtype."""
+def _mask_dtype(q: Tensor, like_q: bool = False) -> torch.dtype:
+    """float32 next to bf16/fp16 queries (the CPU flash kernel takes it), else q's dtype;
+    q's dtype always with ``like_q`` (the generic path: what every device's kernels take)."""
+    if like_q:
+        return q.dtype
     return torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
 
 
 def _masked_bias(bias: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """[nM, heads, N, N] bias + mask of the masked windows of one image."""
-    return (bias.unsqueeze(0).to(dtype) + mask.unsqueeze(1).to(dtype))
+    """[nM, heads, N, N] bias + mask of the masked windows of one image, summed in the wider
+    of their dtypes (float32) and cast to the kernels' ``dtype`` after the sum."""
+    return (bias.unsqueeze(0) + mask.unsqueeze(1)).to(dtype)
 
 
 def _explicit(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
@@ -193,19 +243,21 @@ def _explicit(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tens
 
 @torch.library.custom_op('swin_rpe::window_attention', mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
-                  scale: float, nw: int) -> Tensor:
-    """Flash forward of :func:`_fused` (no dropout); backward: :func:`_attention_backward_op`."""
-    return _fused(q, k, v, bias, mask, scale, 0.0, nw)
+                  scale: float, nw: int, mask_like_q: bool = False) -> Tensor:
+    """Forward of :func:`_fused` (no dropout; the flash kernel on CPU, each device's own
+    elsewhere); backward: :func:`_attention_backward_op`. ``mask_like_q``: bias + mask in q's
+    dtype (the generic path) instead of float32 next to bf16/fp16 q (the CPU flash kernel)."""
+    return _fused(q, k, v, bias, mask, scale, 0.0, nw, mask_like_q)
 
 
 @_attention_op.register_fake
-def _(q, k, v, bias, mask, scale, nw):
+def _(q, k, v, bias, mask, scale, nw, mask_like_q=False):
     bw, heads, n, head_dim = q.shape
     return q.new_empty((bw, n, heads * head_dim))
 
 
 def _attention_setup(ctx, inputs, output) -> None:
-    q, k, v, bias, mask, scale, nw = inputs
+    q, k, v, bias, mask, scale, nw = inputs[:7]
     ctx.save_for_backward(q, k, v, bias, mask)
     ctx.scale, ctx.nw = scale, nw
 
@@ -214,7 +266,7 @@ def _attention_backward(ctx, grad_out: Tensor):
     q, k, v, bias, mask = ctx.saved_tensors
     dq, dk, dv, dbias = _attention_backward_op(grad_out.contiguous(), q, k, v, bias, mask,
                                                ctx.scale, ctx.nw)
-    return dq, dk, dv, dbias, None, None, None
+    return dq, dk, dv, dbias, None, None, None, None
 
 
 _attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
@@ -226,10 +278,14 @@ NATIVE_PRODUCTS = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
                    torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported()}
 
 
-def backward_product_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the attention backward's products for a forward in ``dtype``: itself where
-    the CPU multiplies it natively (:data:`NATIVE_PRODUCTS`), else float32. A fixed property
-    of the machine, so every run on it computes the same."""
+def backward_product_dtype(dtype: torch.dtype, device_type: str = 'cpu') -> torch.dtype:
+    """The dtype of the attention backward's products for a forward in ``dtype`` on
+    ``device_type``. On CPU: itself where the CPU multiplies it natively
+    (:data:`NATIVE_PRODUCTS`), else float32, a fixed property of the machine, so every run on
+    it computes the same. On other devices (GPUs multiply bf16/fp16 natively, and the rule
+    describes this CPU, not them): the forward's dtype."""
+    if device_type != 'cpu':
+        return dtype
     return dtype if NATIVE_PRODUCTS.get(dtype, True) else torch.float32
 
 
@@ -239,22 +295,32 @@ def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bi
                            nw: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dbias): softmax(q k^T s + bias + mask) recomputed per image.
 
-    The batched products run in q's dtype (bf16 under autocast: bf16 operands, float32
-    accumulation, as the forward's flash kernel and autocast's own products do) where the CPU
-    multiplies that dtype natively (:func:`backward_product_dtype`); the logits, softmax and
-    its gradient ``ds = p * (dp - rowsum(dp * p))`` stay float32, and ds is rounded to the
-    product dtype only as an operand of dq and dk. float32 inputs compute in float32 throughout.
+    Pure PyTorch on q's device (every tensor made here is made there). The batched products
+    run in q's dtype (bf16 under autocast: bf16 operands, float32 accumulation, as the
+    forward's kernel and autocast's own products do), on CPU only where the CPU multiplies
+    that dtype natively (:func:`backward_product_dtype`; other devices always in q's dtype);
+    the logits, softmax and its gradient ``ds = p * (dp - rowsum(dp * p))`` stay float32
+    (float64 for float64 inputs), and ds is rounded to the product dtype only as an operand of
+    dq and dk. float32 inputs compute in float32 throughout.
     """
+    # Autocast off: the products run in the dtypes above whatever region backward runs in.
+    with autocast_context(q.device.type):
+        return _attention_backward_impl(grad_out, q, k, v, bias, mask, scale, nw)
+
+
+def _attention_backward_impl(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
+                             mask: Optional[Tensor], scale: float,
+                             nw: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     dtypes = (q.dtype, k.dtype, v.dtype, bias.dtype)
-    # autocast does not reach here: the forward's dtype is the inputs'
-    product = backward_product_dtype(q.dtype)
-    bias = bias.float()
+    product = backward_product_dtype(q.dtype, q.device.type)
+    softmax = torch.promote_types(product, torch.float32)  # float64 stays float64
+    bias = bias.to(softmax)
     bw, heads, n, head_dim = q.shape
     grad_out = grad_out.reshape(bw, n, heads, head_dim).transpose(1, 2)
     # Gradients in the layout batched products write without copies: [windows * heads, N, d].
     dq, dk, dv = (torch.empty(bw, heads, n, head_dim, dtype=product, device=q.device)
                   for _ in range(3))
-    dbias = torch.zeros(heads, n, n, device=q.device)
+    dbias = torch.zeros(heads, n, n, device=q.device, dtype=softmax)
 
     def flat(t: Tensor) -> Tensor:  # [w, heads, N, x] -> [w * heads, N, x]
         return t.reshape(-1, t.shape[-2], t.shape[-1])
@@ -267,7 +333,7 @@ def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bi
         qi = flat(torch.mul(q[lo:hi], scale, out=torch.empty_like(dq[lo:hi])))
         ki, vi, gi = (flat(t[lo:hi].to(product, memory_format=torch.contiguous_format))
                       for t in (k, v, grad_out))
-        logits = torch.bmm(qi, ki.transpose(1, 2)).float()
+        logits = torch.bmm(qi, ki.transpose(1, 2)).to(softmax)
         logits.view(nw, heads, n, n).add_(bias)
         if mask is not None:
             m = mask[image] if mask.dim() == 4 else mask
@@ -275,8 +341,8 @@ def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bi
         p = torch.softmax(logits, dim=-1)
         del logits
         torch.bmm(p.to(product).transpose(1, 2), gi, out=flat(dv[lo:hi]))
-        dp = torch.bmm(gi, vi.transpose(1, 2)).float()
-        ds = torch._softmax_backward_data(dp, p, -1, torch.float32)  # p (dp - rowsum(dp p))
+        dp = torch.bmm(gi, vi.transpose(1, 2)).to(softmax)
+        ds = torch._softmax_backward_data(dp, p, -1, softmax)  # p (dp - rowsum(dp p))
         del dp, p
         dbias += ds.view(nw, heads, n, n).sum(0)
         ds = ds.to(product)

@@ -2,12 +2,21 @@
 
 The fast paths (oneDNN linears, the CPU flash attention split into unmasked and masked windows,
 the attention backward recomputed per image) are written for CPU and registered as torch.library
-ops, so eager and torch.compile run the same kernels. Everywhere else (CUDA, any other device,
-tracers and exporters) the core runs standard PyTorch: ``F.linear`` and one
-``F.scaled_dot_product_attention`` call with bias and mask as ``attn_mask``, so each device
-picks its own kernels (on CUDA the memory-efficient one, which also returns the mask gradient).
+ops, so eager and torch.compile run the same kernels. Everywhere else (CUDA, any other device)
+the core runs the generic path: ``F.linear``, and attention split the same way (per image, one
+``F.scaled_dot_product_attention`` call for the unmasked windows with the broadcast bias, one
+for the masked windows with their bias + mask), so each device picks its own SDPA kernels and
+bias + mask is never materialised per window and image. Without dropout that attention is the
+same registered op, whose backward recomputes the attention matrices per image in plain PyTorch
+on the device: backward keeps q, k, v, bias and mask only. With dropout autograd runs through
+the SDPA calls. Nothing on it is CPU-specific: autocast is switched only where the device has
+it, window plans are built on the CPU and moved to the device once (ops/plan.py), and the CPU's
+rule for bf16 backward products (``attention.NATIVE_PRODUCTS``) applies to the CPU alone;
+``tests/ops/test_meta_device.py`` runs it forward and backward on ``meta``. Tracers and
+``torch.compile`` on the generic path see plain ops: one SDPA call with windows folded into the
+heads; exporters the explicit matmul + softmax (``attention.py``).
 
-``SWIN_RPE_BACKEND=generic`` (or :func:`force_backend`) sends CPU through the standard path
+``SWIN_RPE_BACKEND=generic`` (or :func:`force_backend`) sends CPU through the generic path
 too; tests use it to run the path other devices take. ``auto`` (the default) chooses by device.
 
 Mixed precision: :func:`compute_dtype` is the dtype the matrix products run in, the autocast
@@ -40,14 +49,14 @@ Imports torch only.
 """
 import contextlib
 import os
-from typing import Callable, Dict, Iterator, Optional
+from typing import ContextManager, Dict, Iterator, Optional
 
 import torch
 from torch import Tensor
 
 __all__ = ['BACKENDS', 'backend', 'force_backend', 'use_cpu_fast_paths', 'compute_dtype',
-           'is_tracing', 'KERNELS', 'KERNEL_RULES', 'DEFAULT_KERNELS', 'CPU_CLASS', 'cpu_class',
-           'choose_kernel', 'force_kernel']
+           'autocast_state', 'autocast_context', 'is_tracing', 'KERNELS', 'KERNEL_RULES',
+           'DEFAULT_KERNELS', 'CPU_CLASS', 'cpu_class', 'choose_kernel', 'force_kernel']
 
 BACKENDS = ('auto', 'generic')
 _forced = [None]  # set by force_backend; None defers to the environment variable
@@ -99,9 +108,30 @@ def is_tracing(x: Tensor) -> bool:
 def compute_dtype(x: Tensor) -> torch.dtype:
     """The dtype of x's matrix products: autocast's inside an autocast region, else x's."""
     device = x.device.type
-    if x.is_floating_point() and torch.is_autocast_enabled(device):
+    if (x.is_floating_point() and torch.amp.is_autocast_available(device)
+            and torch.is_autocast_enabled(device)):
         return torch.get_autocast_dtype(device)
     return x.dtype
+
+
+def autocast_state(device_type: str) -> tuple:
+    """(device_type, dtype, enabled) of autocast for the device, to restore it later with
+    :func:`autocast_context`; (device_type, None, False) on devices that have no autocast
+    (``meta``, where even asking raises)."""
+    if not torch.amp.is_autocast_available(device_type):
+        return device_type, None, False
+    return (device_type, torch.get_autocast_dtype(device_type),
+            torch.is_autocast_enabled(device_type))
+
+
+def autocast_context(device_type: str, dtype: Optional[torch.dtype] = None,
+                     enabled: bool = False) -> ContextManager:
+    """``torch.autocast(device_type, dtype, enabled)`` where the device has autocast, else a
+    null context (nothing to switch). ``autocast_context(device)`` turns autocast off."""
+    if not torch.amp.is_autocast_available(device_type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype, enabled=enabled)
+
 
 
 # 'linear': every product of a linear layer; 'linear_gelu': fc1 at inference, whose GELU

@@ -9,6 +9,11 @@ stage. A plan turns each direction into one gather over the token axis:
 Windows are ordered unmasked first, masked last, so the unmasked ones run attention with the
 bias alone and only the few masked ones (last window row and column) need a mask.
 
+The ordering needs ``nonzero`` and Python branches on tensor values, which the ``meta`` device
+cannot run and which force a host sync on CUDA. So :func:`window_plan` always builds on the
+CPU and moves the finished tensors to the requested device in one copy each;
+:func:`cached_window_plan` keeps the moved plan per size and device, so that copy happens once.
+
 :func:`traceable_window_plan` builds the same plan from coordinate arithmetic alone, in plain
 window order with a mask for every window: no data-dependent op, no branch on a size, no cache.
 Tracers and exporters (ONNX, torch.export, torch.compile) take it, so sizes may be symbolic.
@@ -48,7 +53,20 @@ def window_plan(hw: Tuple[int, int], window_size, shift_size=(0, 0),
         valid_hw: tokens outside this top-left region are masked as keys: one (h, w) for all
             images, a tuple of (h, w) per image (the mask is then [B, nM, N, N], nM counting
             the windows masked for any image), or None (no padding mask).
+        device: where the plan's tensors go (None: the default device); built on the CPU,
+            then moved (see the module docstring).
     """
+    plan = _cpu_window_plan(hw, window_size, shift_size, valid_hw, dtype)
+    device = torch.get_default_device() if device is None else torch.device(device)
+    if device.type == 'cpu':
+        return plan
+    return plan._replace(gather=plan.gather.to(device), scatter=plan.scatter.to(device),
+                         mask=None if plan.mask is None else plan.mask.to(device))
+
+
+def _cpu_window_plan(hw, window_size, shift_size, valid_hw, dtype: torch.dtype) -> WindowPlan:
+    """:func:`window_plan` on the CPU, whatever the default device."""
+    device = torch.device('cpu')
     window = to_window_tuple(window_size)
     h, w = hw
     hp, wp = padded_size(hw, window)

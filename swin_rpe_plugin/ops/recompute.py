@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .dispatch import compute_dtype
+from .dispatch import autocast_context, autocast_state, compute_dtype
 from .linear import linear, linear_residual
 
 __all__ = ['linear_with_recomputed_input']
@@ -31,8 +31,7 @@ class _LinearRecomputedInput(torch.autograd.Function):
         ctx.prefix, ctx.num_prefix_params = prefix, num_prefix_params
         ctx.has_bias = bias is not None
         device = x.device.type
-        ctx.autocast = (device, torch.get_autocast_dtype(device),
-                        torch.is_autocast_enabled(device))
+        ctx.autocast = autocast_state(device)  # (device, dtype, enabled); off where none
         ctx.weight_dtype = weight.dtype
         # The weight in the product's dtype, cast once per step and kept for backward (as
         # autocast's own autograd keeps its casts), so backward casts no weight again.
@@ -49,8 +48,7 @@ class _LinearRecomputedInput(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         x, weight, *prefix_params = ctx.saved_tensors
-        device, dtype, enabled = ctx.autocast
-        with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
+        with torch.enable_grad(), autocast_context(*ctx.autocast):
             x_ = x.detach().requires_grad_(ctx.needs_input_grad[0])
             y = ctx.prefix(x_)
         grad_residual = grad_out if ctx.needs_input_grad[3] else None

@@ -35,6 +35,23 @@ def _masks(nw, n):
 
 @pytest.mark.parametrize('which', ['none', 'all', 'last3', 'per_image'])
 def test_generic_attention_values_and_gradients_match_the_loop_reference(which):
+    def run(q, k, v, bias, mask, nw):
+        with force_backend('generic'):
+            return window_attention(q, k, v, bias, mask, windows_per_image=nw)
+
+    check_against_the_loop_reference(which, run)
+
+
+@pytest.mark.parametrize('which', ['none', 'all', 'last3', 'per_image'])
+def test_one_call_of_tracers_matches_the_loop_reference(which):
+    """What the generic path runs under tracers and compilers: one SDPA call, windows folded
+    into the heads, bias + mask per window broadcast over the images."""
+    from swin_rpe_plugin.ops.attention import _one_call
+    check_against_the_loop_reference(
+        which, lambda q, k, v, bias, mask, nw: _one_call(q, k, v, bias, mask, 8 ** -0.5, 0.0, nw))
+
+
+def check_against_the_loop_reference(which, run):
     b, nw, heads, n, hd = 2, 4, 3, 49, 8
     mask = _masks(nw, n)[which]
     q, k, v = (torch.randn(b * nw, heads, n, hd, dtype=torch.float64, requires_grad=True)
@@ -49,9 +66,7 @@ def test_generic_attention_values_and_gradients_match_the_loop_reference(which):
     ref = loop_reference(q, k, v, bias, full).double()
     weight = torch.randn_like(ref)
     ref_grads = torch.autograd.grad((ref * weight).sum(), (q, k, v, bias))
-    with force_backend('generic'):
-        out = window_attention(q, k, v, bias, None if mask is None else mask.double(),
-                               windows_per_image=nw)
+    out = run(q, k, v, bias, None if mask is None else mask.double(), nw)
     assert torch.allclose(out, ref, atol=1e-10)
     grads = torch.autograd.grad((out * weight).sum(), (q, k, v, bias))
     for name, got, expected in zip('q k v bias'.split(), grads, ref_grads):

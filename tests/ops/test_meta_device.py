@@ -1,0 +1,186 @@
+"""The generic path (what CUDA and every other device run) on the ``meta`` device, and on CPU
+against the CPU fast path.
+
+Meta tensors have shapes, dtypes and a device but no data, so forward and backward run there
+without an accelerator: a path that makes a tensor on the CPU inside forward or backward is
+not device-agnostic. The meta device alone does not catch every such tensor (matmul and
+index_select, for instance, accept a CPU operand next to meta ones), so the runs go under
+:class:`OnlyOn`, a dispatch mode that fails on any operand or result of any op that is not on
+meta, inside the bodies of the registered ops too. Window plans are the one thing built on the
+CPU by design (``ops/plan.py``: moved to the device once, then cached), so the models run once
+before the strict run.
+"""
+import copy
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from swin_rpe_plugin import SwinTransformer, SwinTransformerV2
+from swin_rpe_plugin.ops import attention, shift_attention_mask, window_attention, window_plan
+from swin_rpe_plugin.ops.dispatch import force_backend
+
+# The Python bodies the registered ops were defined with: run under the mode, so the ops'
+# insides are checked too (the mode otherwise sees an op as one call).
+OP_BODIES = {'swin_rpe.window_attention.default': attention._attention_op._init_fn,
+             'swin_rpe.window_attention_backward.default':
+                 attention._attention_backward_op._init_fn}
+
+
+class OnlyOn(TorchDispatchMode):
+    """Fail on any op with a tensor operand or result that is not on ``device``."""
+
+    def __init__(self, device: str):
+        super().__init__()
+        self.device = device
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ops.add(str(func))
+        body = OP_BODIES.get(str(func))
+        if body is not None:
+            with self:  # the mode is off inside __torch_dispatch__: back on for the body
+                out = body(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
+        for t in tree_leaves((args, kwargs, out)):
+            if isinstance(t, torch.Tensor) and t.device.type != self.device:
+                raise AssertionError(f'{func} has a tensor on {t.device}, not {self.device}')
+        return out
+
+
+def test_the_strict_mode_catches_what_meta_lets_through():
+    """The check the tests rely on: matmul on meta takes a CPU operand; the mode refuses it."""
+    a, b = torch.randn(3, 3, device='meta'), torch.randn(3, 3)
+    assert torch.matmul(a, b).device.type == 'meta'
+    with pytest.raises(AssertionError, match='has a tensor on cpu'):
+        with OnlyOn('meta'):
+            torch.matmul(a, b)
+
+
+B, NW, HEADS, N, HD = 2, 4, 3, 49, 8
+
+
+def masks():
+    shift = shift_attention_mask((14, 14), 7, 3)  # [nW=4, N, N]
+    return {'none': None, 'every_window': shift, 'last3_shared': shift[1:],
+            'last3_per_image': torch.stack([shift[1:], shift[1:].flip(0)])}
+
+
+@pytest.mark.parametrize('dropout', [0.0, 0.1], ids=['recomputed', 'dropout'])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
+@pytest.mark.parametrize('which', list(masks()))
+def test_window_attention_forward_and_backward_on_meta(which, dtype, dropout):
+    """Meta has no autocast, so bf16 is given as the inputs' dtype (autocast's cast)."""
+    mask = masks()[which]
+    mask = None if mask is None else mask.to('meta')
+    q, k, v = (torch.empty(B * NW, HEADS, N, HD, device='meta', dtype=dtype,
+                           requires_grad=True) for _ in range(3))
+    bias = torch.empty(HEADS, N, N, device='meta', requires_grad=True)
+    mode = OnlyOn('meta')
+    with force_backend('generic'), mode:
+        out = window_attention(q, k, v, bias, mask, dropout_p=dropout, windows_per_image=NW)
+        out.float().sum().backward()
+    assert (out.shape, out.device.type, out.dtype) == ((B * NW, N, HEADS * HD), 'meta', dtype)
+    for t in (q, k, v, bias):
+        assert (t.grad.shape, t.grad.device.type, t.grad.dtype) == (t.shape, 'meta', t.dtype)
+    # Without dropout: the registered op and its recomputed backward; with it, autograd
+    # through the SDPA calls.
+    assert ('swin_rpe.window_attention_backward.default' in mode.ops) == (dropout == 0)
+
+
+TINY = dict(embed_dims=32, depths=(2, 2), num_heads=(1, 2), strides=(4, 2), out_indices=(0, 1),
+            window_size=4, mask_padding=True)
+
+
+@pytest.mark.parametrize('model_class,kwargs', [
+    (SwinTransformer, {}), (SwinTransformer, dict(attn_drop_rate=0.1, drop_path_rate=0.1)),
+    (SwinTransformerV2, {}), (SwinTransformerV2, dict(pretrained_window_size=3))],
+    ids=['v1', 'v1-dropout', 'v2', 'v2-pretrained-window'])
+def test_whole_backbone_trains_on_meta(model_class, kwargs):
+    """61 x 75 pixels: 16 x 19 tokens, then 8 x 10, neither a multiple of the window, so every
+    stage pads, shifts and masks the padding (mask_padding=True)."""
+    torch.manual_seed(0)
+    model = model_class(**TINY, **kwargs).train()
+    x = torch.randn(2, 3, 61, 75)
+    with force_backend('generic'), torch.no_grad():
+        cpu_shapes = [o.shape for o in model(x)]
+    assert [tuple(s) for s in cpu_shapes] == [(2, 32, 16, 19), (2, 64, 8, 10)]
+    meta = copy.deepcopy(model).to('meta')
+    x = x.to('meta')
+    with force_backend('generic'):
+        meta(x)  # builds the window plans (on the CPU by design) and caches them on meta
+        mode = OnlyOn('meta')
+        with mode:
+            outs = meta(x)
+            sum(o.sum() for o in outs).backward()
+    assert [o.shape for o in outs] == cpu_shapes
+    assert all(o.device.type == 'meta' and o.dtype == torch.float32 for o in outs)
+    # The recomputed backward without attention dropout; autograd through SDPA with it.
+    recomputed = 'swin_rpe.window_attention_backward.default' in mode.ops
+    assert recomputed == (not kwargs.get('attn_drop_rate'))
+    for name, p in meta.named_parameters():
+        assert p.grad is not None, name
+        assert (p.grad.shape, p.grad.device.type, p.grad.dtype) == (p.shape, 'meta', p.dtype)
+
+
+def loop_reference(q, k, v, bias, full_mask, scale):
+    """One window at a time, the plain formula, in float64; full_mask [B * nW, N, N]."""
+    outs = []
+    for i in range(q.shape[0]):
+        logits = q[i] @ k[i].transpose(-1, -2) * scale + bias + full_mask[i]
+        outs.append((logits.softmax(-1) @ v[i]).transpose(0, 1).reshape(q.shape[2], -1))
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize('valid_hw', [(10, 11), ((10, 11), (7, 9))], ids=['shared', 'per_image'])
+def test_generic_equals_the_cpu_path_on_shifted_padded_windows(valid_hw):
+    """The plan of a shifted block on a 10 x 11 map padded to 12 x 12, padding masked (one
+    region for both images, or one per image): both paths give the float64 loop reference's
+    outputs and gradients to float32 rounding, and each other's."""
+    plan = window_plan((10, 11), 4, (2, 2), valid_hw)
+    nw, n, heads, hd = plan.num_windows, 16, 2, 8
+    full = torch.zeros(B, nw, n, n, dtype=torch.float64)
+    full[:, nw - plan.mask.shape[-3]:] = plan.mask.double()
+    inputs = [torch.randn(B * nw, heads, n, hd) for _ in range(3)] + [torch.randn(heads, n, n)]
+    ref_inputs = [t.double().requires_grad_() for t in inputs]
+    ref = loop_reference(*ref_inputs, full.reshape(B * nw, n, n), hd ** -0.5)
+    weight = torch.randn(ref.shape, dtype=torch.float64)
+    ref_grads = torch.autograd.grad((ref * weight).sum(), ref_inputs)
+    results = {}
+    for backend in ('auto', 'generic'):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        with force_backend(backend):
+            out = window_attention(*leaves, plan.mask, windows_per_image=nw)
+        grads = torch.autograd.grad((out * weight.float()).sum(), leaves)
+        results[backend] = (out, *grads)
+        for got, expected in zip(results[backend], (ref, *ref_grads)):
+            torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+    for a, b in zip(results['auto'], results['generic']):
+        torch.testing.assert_close(a, b)  # float32's default tolerances
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
+@pytest.mark.parametrize('which', ['none', 'last3_shared', 'last3_per_image'])
+def test_generic_path_keeps_only_q_k_v_bias_and_mask_for_backward(which, dtype):
+    """No attention matrix, no SDPA output or logsumexp, no bias + mask per window: the saved
+    tensors are the inputs themselves (counted by storage)."""
+    mask = masks()[which]
+    q, k, v = (torch.randn(B * NW, HEADS, N, HD, dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    bias = torch.randn(HEADS, N, N, requires_grad=True)
+    saved = []
+    with force_backend('generic'), torch.autograd.graph.saved_tensors_hooks(
+            lambda t: saved.append(t) or t, lambda t: t):
+        out = window_attention(q, k, v, bias, mask, windows_per_image=NW)
+    inputs = [t for t in (q, k, v, bias, mask) if t is not None]
+
+    def storages(tensors):
+        return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+
+    assert storages(saved) == storages(inputs)
+    assert len(storages(saved)) == len(inputs)
+    out.float().sum().backward()
+    assert all(t.grad is not None for t in (q, k, v, bias))
