@@ -2,8 +2,8 @@
 the rows of the exact work counts (records of kind 'work')."""
 from typing import List, Optional
 
-__all__ = ['format_table', 'format_profile', 'other_steps', 'case_label', 'is_timed',
-           'work_rows', 'WORK_SIDES', 'MB']
+__all__ = ['format_table', 'format_profile', 'format_work', 'other_steps', 'case_label',
+           'is_timed', 'work_rows', 'WORK_SIDES', 'MB']
 
 MB = 2 ** 20  # the work tables' MB, as the peak memory of the timed records
 WORK_SIDES = ('mmdet', 'ours', 'ours_generic')  # the order of a work record's sides
@@ -107,4 +107,23 @@ def format_profile(record: dict) -> str:
     for name, rows in zip(names, tables):  # the cast share the bf16 work is judged by
         copy = sum(r['share'] for r in rows if r['op'] == 'aten::copy_')
         lines.append(f'{name}: aten::copy_ {copy:.1%} of self CPU time')
+    return '\n'.join(lines)
+
+
+def format_work(records: List[dict]) -> str:
+    """Aligned text table of the work records' rows (as the report's work table)."""
+    def num(value, fmt):
+        return '-' if value is None else format(value, fmt)
+    rows = [['case', 'side', 'GFLOPs', 'MB outside', 'x mmdet', 'MB saved', 'x mmdet',
+             'MB peak', 'x mmdet', 'largest kinds (MB)']]
+    for record in records:
+        for w in work_rows(record):
+            rows.append([w['case'], w['side'], f"{w['product_gflops']:.2f}",
+                         num(w['outside_mb'], '.1f'), num(w['outside_ratio'], '.2f'),
+                         num(w['saved_mb'], '.1f'), num(w['saved_ratio'], '.2f'),
+                         num(w['peak_mb'], '.1f'), num(w['peak_ratio'], '.2f'),
+                         ', '.join(f'{k}: {mb:.1f}' for k, mb in w['largest']) or '-'])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [' | '.join(v.rjust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, '-+-'.join('-' * w for w in widths))
     return '\n'.join(lines)

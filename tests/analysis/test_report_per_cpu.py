@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from swin_rpe_plugin.analysis.benchmark_format import MB, work_rows
+from swin_rpe_plugin.analysis.benchmark_format import MB, format_work, work_rows
 from swin_rpe_plugin.analysis.benchmark_report import (HEADLINE, WORK_TITLE, class_label,
                                                        class_slug, cpu_class,
                                                        headline_markdown, load_runs,
@@ -142,6 +142,10 @@ def test_work_rows_and_their_ratios_to_mmdet():
     for side in infer['sides'].values():
         side['saved_bytes'] = None
     assert all(r['saved_mb'] is None and r['saved_ratio'] is None for r in work_rows(infer))
+    lines = format_work([_work_record()]).splitlines()
+    assert len(lines) == 5 and lines[3].split(' | ')[1].strip() == 'ours'
+    assert [c.strip() for c in lines[3].split(' | ')[2:9]] == [
+        '9.00', '200.0', '0.50', '50.0', '0.25', '600.0', '0.75']
 
 
 def test_report_takes_work_records_beside_timed_ones(tmp_path):
