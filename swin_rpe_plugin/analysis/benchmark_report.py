@@ -17,6 +17,7 @@ is left alone.
 import json
 import os
 import re
+import textwrap
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -225,7 +226,7 @@ def write_chart(cpu: str, records: List[dict], path: str) -> None:
     ax.set_yticks(range(len(records)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel('speedup over the baseline (baseline ms / ours ms)')
-    ax.set_title(cpu, fontsize=10)
+    ax.set_title('\n'.join(textwrap.wrap(cpu, 70)), fontsize=10)  # a class label can be long
     for i, s in enumerate(speedups):
         ax.text(s, i, f' {s:.2f}', va='center', fontsize=7)
     fig.tight_layout()
