@@ -1,7 +1,12 @@
-"""Console output of the benchmark: one table over every kind of record, and the profile table."""
-from typing import List
+"""Console output of the benchmark: one table over every kind of record, the profile table, and
+the rows of the exact work counts (records of kind 'work')."""
+from typing import List, Optional
 
-__all__ = ['format_table', 'format_profile', 'other_steps', 'case_label']
+__all__ = ['format_table', 'format_profile', 'format_work', 'other_steps', 'case_label',
+           'is_timed', 'work_rows', 'WORK_SIDES', 'MB']
+
+MB = 2 ** 20  # the work tables' MB, as the peak memory of the timed records
+WORK_SIDES = ('mmdet', 'ours', 'ours_generic')  # the order of a work record's sides
 
 COLUMNS = ['kind', 'arch', 'shape', 'batch', 'mode', 'dtype', 'precision', 'baseline',
            'baseline_ms', 'ours_ms', 'speedup', 'others', 'baseline_peak_mb', 'ours_peak_mb',
@@ -47,12 +52,47 @@ def format_table(records: List[dict]) -> str:
 
 
 def case_label(record: dict) -> str:
-    """'tiny 512x512 b2 train bf16' (+ runtime and precision)."""
+    """'tiny 512x512 b2 train bf16' (+ runtime and precision, + mask_padding)."""
     label = (f"{record['arch']} {'x'.join(map(str, record['shape']))} b{record['batch']} "
              f"{record['mode']} {record['dtype']}")
     if 'runtime' in record:
         label += f" {record['runtime']} {record['precision']}"
+    if record.get('mask_padding'):
+        label += ' mask_padding'
     return label
+
+
+def is_timed(record: dict) -> bool:
+    """A timed comparison (baseline, candidate, speedup), not an exact work count."""
+    return record.get('kind') != 'work' and 'speedup' in record
+
+
+def _ratio(value: Optional[float], reference: Optional[float]) -> Optional[float]:
+    return None if value is None or not reference else value / reference
+
+
+def work_rows(record: dict, top: int = 2) -> List[dict]:
+    """One row per side of a work record (mmdet, ours, ours_generic, then any other side):
+    product GFLOPs; MB moved outside the matrix products, MB kept for backward and allocator
+    peak MB, each with its ratio to mmdet's (None where either is missing); the ``top`` largest
+    kinds of the bytes outside the products as (kind, MB)."""
+    sides = record['sides']
+    names = [n for n in WORK_SIDES if n in sides] + [n for n in sides if n not in WORK_SIDES]
+    ref = sides.get('mmdet', {})
+    rows = []
+    for name in names:
+        side = sides[name]
+        row = dict(case=case_label(record), side=name,
+                   product_gflops=side['product_flops'] / 1e9)
+        for field, key in (('outside', 'bytes_outside'), ('saved', 'saved_bytes'),
+                           ('peak', 'peak_bytes')):
+            value = side.get(key)
+            row[f'{field}_mb'] = None if value is None else value / MB
+            row[f'{field}_ratio'] = _ratio(value, ref.get(key))
+        kinds = sorted((side.get('bytes_by_kind') or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+        row['largest'] = [(kind, n / MB) for kind, n in kinds[:top]]
+        rows.append(row)
+    return rows
 
 
 def format_profile(record: dict) -> str:
@@ -67,4 +107,23 @@ def format_profile(record: dict) -> str:
     for name, rows in zip(names, tables):  # the cast share the bf16 work is judged by
         copy = sum(r['share'] for r in rows if r['op'] == 'aten::copy_')
         lines.append(f'{name}: aten::copy_ {copy:.1%} of self CPU time')
+    return '\n'.join(lines)
+
+
+def format_work(records: List[dict]) -> str:
+    """Aligned text table of the work records' rows (as the report's work table)."""
+    def num(value, fmt):
+        return '-' if value is None else format(value, fmt)
+    rows = [['case', 'side', 'GFLOPs', 'MB outside', 'x mmdet', 'MB saved', 'x mmdet',
+             'MB peak', 'x mmdet', 'largest kinds (MB)']]
+    for record in records:
+        for w in work_rows(record):
+            rows.append([w['case'], w['side'], f"{w['product_gflops']:.2f}",
+                         num(w['outside_mb'], '.1f'), num(w['outside_ratio'], '.2f'),
+                         num(w['saved_mb'], '.1f'), num(w['saved_ratio'], '.2f'),
+                         num(w['peak_mb'], '.1f'), num(w['peak_ratio'], '.2f'),
+                         ', '.join(f'{k}: {mb:.1f}' for k, mb in w['largest']) or '-'])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [' | '.join(v.rjust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, '-+-'.join('-' * w for w in widths))
     return '\n'.join(lines)

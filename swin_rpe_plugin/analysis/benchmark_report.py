@@ -1,22 +1,30 @@
 """docs/performance.md, its charts and the README headline, regenerated from benchmark JSON files.
 
-Each JSON file is one run of ``tools/benchmark.py --json``. Runs are grouped by CPU model: per
-CPU one section (the runs with command, date, commit; the matmul peaks measured at their start;
-one table per kind of comparison) and one chart, ``docs/images/benchmark_<cpu-slug>.png``
-(matplotlib: speedup of every record, 1.0 marked). Where two runs of one CPU measured the same
-case, the later run's record is shown. The README block between ``<!-- headline:start -->`` and
-``<!-- headline:end -->`` gets the backbone lines of every CPU; without those markers the README
+Each JSON file is one run of ``tools/benchmark.py --json`` (``docs/benchmarks/`` keeps one or
+more per CPU class, never fewer: a run on one CPU replaces no other CPU's file). Runs are grouped
+by CPU class (:func:`cpu_class`: model name, family/model and the vector features the kernels'
+speed turns on), so two machines that share a model name, as KVM guests' bare 'AMD EPYC' of
+Zen 3 and Zen 5, keep a section each. Per class: the runs with command, date, commit (and, for
+a run transcribed from a table published before its JSON was kept, where it came from); the
+matmul peaks measured at their start; one table per kind of comparison; the exact work counts
+(records of kind 'work', which no CPU changes); and one chart,
+``docs/images/benchmark_<class-slug>.png`` (matplotlib: speedup of every timed record, 1.0
+marked). Where two runs of one class measured the same case, the later run's record is shown.
+The README block between ``<!-- headline:start -->`` and ``<!-- headline:end -->`` gets one line
+per CPU class (its backbone speedups, with date and commit); without those markers the README
 is left alone.
 """
 import json
 import os
 import re
+import textwrap
 from collections import OrderedDict
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from .benchmark_format import case_label, other_steps
+from .benchmark_format import case_label, is_timed, other_steps, work_rows
 
-__all__ = ['cpu_slug', 'load_runs', 'performance_markdown', 'write_chart', 'headline_markdown',
+__all__ = ['cpu_slug', 'cpu_class', 'class_label', 'class_slug', 'load_runs', 'latest_records',
+           'performance_markdown', 'work_table', 'write_chart', 'headline_markdown',
            'write_report']
 
 HEADLINE = ('<!-- headline:start -->', '<!-- headline:end -->')
@@ -25,8 +33,10 @@ KINDS = OrderedDict([('backbone', 'Backbone: mmdet 3.3 SwinTransformer vs ours')
                      ('runtime', 'Exported backbone in a runtime (mmdet fixed-size export vs '
                       'our dynamic export; eager beside)'),
                      ('detector', 'Whole model: stock config vs the same with our backbone')])
+WORK_TITLE = 'Work outside the matrix products (exact counts)'
 CASE_FIELDS = ('kind', 'arch', 'shape', 'batch', 'mode', 'dtype', 'runtime', 'precision',
                'mask_padding', 'window')
+CpuClass = Tuple[str, Optional[str], Tuple[str, ...]]
 
 
 def cpu_slug(cpu: str) -> str:
@@ -34,24 +44,50 @@ def cpu_slug(cpu: str) -> str:
     return re.sub(r'[^a-z0-9]+', '-', cpu.lower()).strip('-') or 'unknown'
 
 
-def load_runs(paths: Sequence[str]) -> Dict[str, List[dict]]:
-    """CPU model -> its runs (the JSON objects, oldest first); a one-line error for a file that
-    is not a benchmark JSON."""
-    by_cpu: Dict[str, List[dict]] = OrderedDict()
+def cpu_class(run: dict) -> CpuClass:
+    """(model name, family/model or None where not recorded, sorted vector features): what one
+    section of the report, one chart and one headline line stand for."""
+    return (run['cpu'], run.get('cpu_family_model') or None,
+            tuple(sorted(run.get('cpu_features') or ())))
+
+
+def class_label(key: CpuClass, runs: Sequence[dict] = ()) -> str:
+    """'AMD EPYC (family/model 25/1, avx2)'; a run's ``cpu_class`` name goes first
+    ('AMD Zen 5 (AVX-512): AMD EPYC (family/model not recorded, avx512f)')."""
+    cpu, family_model, features = key
+    label = (f"{cpu} (family/model {family_model or 'not recorded'}, "
+             f"{', '.join(features) or 'no features recorded'})")
+    names = [r['cpu_class'] for r in runs if r.get('cpu_class')]
+    return f'{names[0]}: {label}' if names else label
+
+
+def class_slug(key: CpuClass) -> str:
+    """'amd-epyc-25-1-avx2': the chart's file name part, one per class."""
+    cpu, family_model, features = key
+    return cpu_slug(' '.join([cpu, family_model or 'family-model-not-recorded', *features]))
+
+
+def load_runs(paths: Sequence[str]) -> Dict[CpuClass, List[dict]]:
+    """CPU class -> its runs (the JSON objects, oldest first), the class measured last first; a
+    one-line error for a file that is not a benchmark JSON."""
+    by_class: Dict[CpuClass, List[dict]] = OrderedDict()
     for path in paths:
         with open(path) as f:
             run = json.load(f)
         if not isinstance(run, dict) or 'records' not in run or 'cpu' not in run:
             raise ValueError(f'{path}: not a tools/benchmark.py --json file (no cpu/records); '
                              'write one with --json')
-        by_cpu.setdefault(run['cpu'], []).append(run)
-    for runs in by_cpu.values():
-        runs.sort(key=lambda r: r.get('date', ''))
-    return by_cpu
+        by_class.setdefault(cpu_class(run), []).append(run)
+    for runs in by_class.values():
+        runs.sort(key=lambda r: r.get('date') or '')
+    # newest class first, whatever order the files came in
+    return OrderedDict(sorted(by_class.items(), key=lambda kv: kv[1][-1].get('date') or '',
+                              reverse=True))
 
 
 def latest_records(runs: List[dict]) -> List[dict]:
-    """Every case once, from the latest run that measured it, in first-seen order."""
+    """Every case once (work counts included), from the latest run that measured it, in
+    first-seen order."""
     cases: Dict[tuple, dict] = OrderedDict()
     for run in runs:
         for record in run['records']:
@@ -69,6 +105,10 @@ def _num(value, fmt: str) -> str:
     return '-' if value is None else format(value, fmt)
 
 
+def _code(command: Optional[str]) -> str:
+    return 'not recorded' if not command else f'`{command}`'
+
+
 def _table(records: List[dict]) -> List[str]:
     lines = ['| case | baseline | baseline ms | ours ms | speedup | other steps (ms) | '
              'memory ours/baseline | max abs diff | rel err vs fp32 | roofline | flags |',
@@ -84,53 +124,99 @@ def _table(records: List[dict]) -> List[str]:
     return lines
 
 
+def work_table(records: List[dict]) -> List[str]:
+    """The exact work counts: one row per (case, side), ratios to mmdet's side."""
+    lines = ['| case | side | product GFLOPs | MB outside products | x mmdet | '
+             'MB kept for backward | x mmdet | allocator peak MB | x mmdet | '
+             'largest kinds (MB) |',
+             '|---|---|---|---|---|---|---|---|---|---|']
+    for record in records:
+        for w in work_rows(record):
+            largest = ', '.join(f'{kind}: {mb:.1f}' for kind, mb in w['largest']) or '-'
+            lines.append(
+                f"| {w['case']} | {w['side']} | {w['product_gflops']:.2f} | "
+                f"{_num(w['outside_mb'], '.1f')} | {_num(w['outside_ratio'], '.2f')} | "
+                f"{_num(w['saved_mb'], '.1f')} | {_num(w['saved_ratio'], '.2f')} | "
+                f"{_num(w['peak_mb'], '.1f')} | {_num(w['peak_ratio'], '.2f')} | {largest} |")
+    return lines
+
+
 def _flags(record: dict) -> str:
     return ' '.join(record.get('flags') or []) or '-'
 
 
-def performance_markdown(by_cpu: Dict[str, List[dict]], chart_dir: str = 'images') -> str:
+def _commit(run: dict) -> str:
+    commit = run.get('commit') or '-'
+    return f'{commit} (transcribed)' if run.get('transcribed') else commit
+
+
+def performance_markdown(by_class: Dict[CpuClass, List[dict]], chart_dir: str = 'images') -> str:
     """The whole docs/performance.md."""
     out = ['# Performance', '',
            'Generated by `tools/benchmark.py --report` from the JSON of `tools/benchmark.py '
-           '--json`; do not edit by hand. Timings are medians of interleaved runs in one process; '
-           'speedup = baseline ms / ours ms; memory is the peak RSS a step adds, each side in a '
-           'fresh process; roofline is the fraction of the matmul peak of the record\'s dtype '
-           '(measured in the same rounds as the models) that our step reaches.', '']
-    for cpu, runs in by_cpu.items():
-        first = runs[0]
-        out += [f'## {cpu}', '',
-                f"CPU family/model {first.get('cpu_family_model', '?')}, features: "
-                f"{', '.join(first.get('cpu_features', [])) or 'not recorded'}.", '',
+           '--json` in docs/benchmarks (one or more files per CPU class; a run on one CPU '
+           'replaces no other CPU\'s); do not edit by hand. One section per CPU class (model '
+           'name, family/model, vector features); its figures stand until that class is '
+           'measured again. Timings are medians of interleaved runs in one process; speedup = '
+           'baseline ms / ours ms; memory is the peak RSS a step adds, each side in a fresh '
+           'process; roofline is the fraction of the matmul peak of the record\'s dtype '
+           '(measured in the same rounds as the models) that our step reaches. A run marked '
+           'transcribed was copied from a table published before its JSON was kept: its notes '
+           'say from where and what was not recorded.', '']
+    for key, runs in by_class.items():
+        cpu, family_model, features = key
+        label = class_label(key, runs)
+        out += [f'## {label}', '',
+                f"CPU model name \"{cpu}\", family/model {family_model or 'not recorded'}, "
+                f"features: {', '.join(features) or 'not recorded'}.", '',
                 '| date | commit | threads | torch | matmul GFLOP/s | command |',
                 '|---|---|---|---|---|---|']
         for run in runs:
-            peaks = ', '.join(f'{k} {v:.0f}' for k, v in run.get('matmul_gflops', {}).items())
-            out.append(f"| {run.get('date', '-')} | {run.get('commit', '-')} | "
-                       f"{run.get('threads', '-')} | {run.get('torch', '-')} | {peaks} | "
-                       f"`{run.get('command', '-')}` |")
+            peaks = ', '.join(f'{k} {v:.0f}' for k, v in (run.get('matmul_gflops') or {}).items())
+            out.append(f"| {run.get('date') or '-'} | {_commit(run)} | "
+                       f"{run.get('threads') or '-'} | {run.get('torch') or '-'} | "
+                       f"{peaks or '-'} | {_code(run.get('command'))} |")
+        notes = [f"- {run.get('date') or '-'}, commit {run.get('commit') or '-'}: "
+                 f"{run['transcribed']}" for run in runs if run.get('transcribed')]
+        if notes:
+            out += ['', 'Transcribed runs:', ''] + notes
         records = latest_records(runs)
-        flagged = sum(bool(r.get('flags')) for r in records)
+        timed = [r for r in records if is_timed(r)]
+        flagged = sum(bool(r.get('flags')) for r in timed)
         if flagged:
             out += ['', f'{flagged} record(s) flagged (roofline > 1 or a busy machine): treat '
                     'them with care.']
         for kind, title in KINDS.items():
-            rows = [r for r in records if r.get('kind', 'backbone') == kind]
+            rows = [r for r in timed if r.get('kind', 'backbone') == kind]
             if rows:
                 out += ['', f'### {title}', ''] + _table(rows)
-        last = runs[-1]
-        out += ['', f'![speedup per record on {cpu}]({chart_dir}/benchmark_{cpu_slug(cpu)}.png)',
-                f"Speedup of every record above: {cpu} (family/model "
-                f"{first.get('cpu_family_model', '?')}), {str(last.get('date', '?'))[:10]}, drawn "
-                f"by `tools/benchmark.py --report` from the runs in the table (latest: "
-                f"`{last.get('command', '?')}`).", '']
+        work = [r for r in records if r.get('kind') == 'work']
+        if work:
+            out += ['', f'### {WORK_TITLE}', '',
+                    'Counted, not timed, so the same on any CPU (`tools/benchmark.py --work`): '
+                    'per side, the FLOPs of the matrix products, the bytes moved outside them '
+                    '(the two largest kinds beside), the bytes kept for backward (train) and the '
+                    'allocator peak; x mmdet is the ratio to mmdet\'s side; MB = 2^20 bytes.',
+                    ''] + work_table(work)
+        if timed:
+            last = runs[-1]
+            commanded = [run for run in runs if run.get('command')]
+            latest = f"`{commanded[-1]['command']}`" if commanded else 'commands not recorded'
+            out += ['', f'![speedup per record on {cpu}]({chart_dir}/benchmark_'
+                    f'{class_slug(key)}.png)',
+                    f"Speedup of every record above: {label}, "
+                    f"{str(last.get('date') or '?')[:10]}, drawn by `tools/benchmark.py "
+                    f"--report` from the runs in the table (latest command: {latest})."]
+        out.append('')
     return '\n'.join(out)
 
 
 def write_chart(cpu: str, records: List[dict], path: str) -> None:
-    """Horizontal bars: the speedup of every record over its baseline, 1.0 marked."""
+    """Horizontal bars: the speedup of every timed record over its baseline, 1.0 marked."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+    records = [r for r in records if is_timed(r)]
     labels = [f"{r.get('kind', 'backbone')}: {case_label(r)}" for r in records]
     speedups = [r['speedup'] for r in records]
     fig, ax = plt.subplots(figsize=(9, 0.35 * len(records) + 1.2))
@@ -140,7 +226,7 @@ def write_chart(cpu: str, records: List[dict], path: str) -> None:
     ax.set_yticks(range(len(records)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel('speedup over the baseline (baseline ms / ours ms)')
-    ax.set_title(cpu, fontsize=10)
+    ax.set_title('\n'.join(textwrap.wrap(cpu, 70)), fontsize=10)  # a class label can be long
     for i, s in enumerate(speedups):
         ax.text(s, i, f' {s:.2f}', va='center', fontsize=7)
     fig.tight_layout()
@@ -148,41 +234,54 @@ def write_chart(cpu: str, records: List[dict], path: str) -> None:
     plt.close(fig)
 
 
-def headline_markdown(by_cpu: Dict[str, List[dict]]) -> str:
-    """The README block: backbone records of every CPU, the rest in docs/performance.md."""
-    lines = ['| CPU | case | mmdet ms | ours ms | speedup | memory ours/mmdet | flags |',
-             '|---|---|---|---|---|---|---|']
-    for cpu, runs in by_cpu.items():
-        for r in latest_records(runs):
-            if r.get('kind', 'backbone') == 'backbone':
-                lines.append(f"| {cpu} | {case_label(r)} | {_ms(r, r['baseline'])} | "
-                             f"{_ms(r, r.get('candidate', 'ours'))} | **{r['speedup']:.2f}** | "
-                             f"{_num(r.get('mem_ratio'), '.2f')} | {_flags(r)} |")
-    lines.append('')
-    for cpu, runs in by_cpu.items():  # where each line came from: CPU model, date, command
-        for run in runs:
-            lines.append(f"- {cpu} (family/model {run.get('cpu_family_model', '?')}), "
-                         f"{run.get('threads', '?')} threads, {run.get('date', '?')}, commit "
-                         f"{run.get('commit', '?')}: `{run.get('command', '?')}`")
-    lines += ['', 'Every comparison, with commands and dates: '
-              '[docs/performance.md](docs/performance.md).']
-    return '\n'.join(lines)
+def _short_label(record: dict) -> str:
+    """case_label without the arch where it is Swin-T's."""
+    label = case_label(record)
+    return label[len('tiny '):] if record.get('arch') == 'tiny' else label
+
+
+def headline_markdown(by_class: Dict[CpuClass, List[dict]]) -> str:
+    """The README block: one line per CPU class with the speedups of its eager backbone records
+    (memory ratio beside; compiled and mask_padding lines only on the page) and the date and
+    commit of the runs they came from."""
+    lines = ['Ours against mmdet 3.3\'s Swin-T backbone (other sizes named; same config and '
+             'weights; eager): speedup '
+             '(memory ours/mmdet), one line per CPU class, each until that class is measured '
+             'again (transcribed: copied from a table published before JSONs were kept):', '',
+             '| CPU class | measured | speedup (memory) per case |', '|---|---|---|']
+    for key, runs in by_class.items():
+        backbone = [r for r in latest_records(runs)  # eager, default options: the rest below
+                    if is_timed(r) and r.get('kind', 'backbone') == 'backbone'
+                    and r['mode'] in ('infer', 'train') and not r.get('mask_padding')]
+        shown = {id(r) for r in backbone}
+        sources = [run for run in runs if any(id(r) in shown for r in run['records'])]
+        measured = '; '.join(f"{run.get('date') or '?'}, commit {_commit(run)}"
+                             for run in sources) or '-'
+        cases = '; '.join(
+            f"{_short_label(r)} **{r['speedup']:.2f}**"
+            + (f" ({r['mem_ratio']:.2f})" if r.get('mem_ratio') is not None else '')
+            + (f" {_flags(r)}" if r.get('flags') else '')
+            for r in backbone) or 'no backbone timing (other comparisons on the page below)'
+        lines.append(f'| {class_label(key, runs)} | {measured} | {cases} |')
+    return '\n'.join(lines)  # the README links the page itself, after the block
 
 
 def write_report(paths: Sequence[str], root: str) -> List[str]:
-    """Write docs/performance.md, one chart per CPU and the README headline (if its markers
-    exist) under ``root``; return the paths written."""
-    by_cpu = load_runs(paths)
+    """Write docs/performance.md, one chart per CPU class with timed records and the README
+    headline (if its markers exist) under ``root``; return the paths written."""
+    by_class = load_runs(paths)
     images = os.path.join(root, 'docs', 'images')
     os.makedirs(images, exist_ok=True)
     written = []
-    for cpu, runs in by_cpu.items():
-        chart = os.path.join(images, f'benchmark_{cpu_slug(cpu)}.png')
-        write_chart(cpu, latest_records(runs), chart)
-        written.append(chart)
+    for key, runs in by_class.items():
+        records = [r for r in latest_records(runs) if is_timed(r)]
+        if records:
+            chart = os.path.join(images, f'benchmark_{class_slug(key)}.png')
+            write_chart(class_label(key, runs), records, chart)
+            written.append(chart)
     doc = os.path.join(root, 'docs', 'performance.md')
     with open(doc, 'w') as f:
-        f.write(performance_markdown(by_cpu))
+        f.write(performance_markdown(by_class))
     written.append(doc)
     readme = os.path.join(root, 'README.md')
     if os.path.isfile(readme):
@@ -190,7 +289,7 @@ def write_report(paths: Sequence[str], root: str) -> List[str]:
             text = f.read()
         start, end = text.find(HEADLINE[0]), text.find(HEADLINE[1])
         if 0 <= start < end:
-            text = (text[:start + len(HEADLINE[0])] + '\n' + headline_markdown(by_cpu) + '\n'
+            text = (text[:start + len(HEADLINE[0])] + '\n' + headline_markdown(by_class) + '\n'
                     + text[end:])
             with open(readme, 'w') as f:
                 f.write(text)

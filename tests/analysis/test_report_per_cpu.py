@@ -1,0 +1,192 @@
+"""docs/performance.md and the README headline keep every CPU class of docs/benchmarks, and the
+exact work counts (records of kind 'work') get their own table and stay out of the others.
+
+No benchmark runs here: the committed JSONs and hand-written records only.
+"""
+import copy
+import glob
+import json
+import os
+
+import pytest
+
+from swin_rpe_plugin.analysis.benchmark_format import MB, format_work, work_rows
+from swin_rpe_plugin.analysis.benchmark_report import (HEADLINE, WORK_TITLE, class_label,
+                                                       class_slug, cpu_class,
+                                                       headline_markdown, load_runs,
+                                                       performance_markdown, write_report)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+JSONS = sorted(glob.glob(os.path.join(ROOT, 'docs', 'benchmarks', '*.json')))
+REGENERATE = '.venv/bin/python tools/benchmark.py --report docs/benchmarks/*.json'
+
+
+def read(path: str) -> str:
+    with open(os.path.join(ROOT, path)) as f:
+        return f.read()
+
+
+def headline_block(text: str) -> str:
+    start, end = text.index(HEADLINE[0]) + len(HEADLINE[0]) + 1, text.index(HEADLINE[1])
+    return text[start:end].rstrip('\n')
+
+
+def test_every_cpu_class_of_docs_benchmarks_keeps_a_section_and_a_headline_line():
+    classes = {}
+    for path in JSONS:
+        with open(path) as f:
+            run = json.load(f)
+        classes.setdefault(cpu_class(run), []).append(run)
+    assert len(classes) >= 3, sorted(classes)  # Zen 3, Zen 5 and Intel AMX at least
+    by_class = load_runs(JSONS)
+    assert set(by_class) == set(classes)
+    doc = performance_markdown(by_class)
+    headline = headline_markdown(by_class).splitlines()
+    for key, runs in classes.items():
+        label = class_label(key, runs)
+        assert doc.count(f'## {label}\n') == 1, label
+        assert f'images/benchmark_{class_slug(key)}.png' in doc
+        rows = [line for line in headline if line.startswith(f'| {label} |')]
+        assert len(rows) == 1, label
+        for run in runs:  # every run's date and commit stays on the page
+            assert run['date'] in doc and run['commit'] in doc
+        backbone_runs = [run for run in runs
+                         if any(r.get('kind') == 'backbone' for r in run['records'])]
+        assert any(run['commit'] in rows[0] and run['date'] in rows[0] for run in backbone_runs)
+    assert 'until that class is measured again' in '\n'.join(headline)
+
+
+def test_committed_page_and_readme_headline_are_what_the_report_regenerates():
+    by_class = load_runs(JSONS)
+    assert read('docs/performance.md') == performance_markdown(by_class), \
+        f'docs/performance.md is stale: run `{REGENERATE}`'
+    assert headline_block(read('README.md')) == headline_markdown(by_class), \
+        f'the README headline is stale: run `{REGENERATE}`'
+    for key, runs in by_class.items():
+        assert os.path.isfile(os.path.join(ROOT, 'docs', 'images',
+                                           f'benchmark_{class_slug(key)}.png')), \
+            f'no chart for {class_label(key, runs)}: run `{REGENERATE}`'
+    charts = glob.glob(os.path.join(ROOT, 'docs', 'images', 'benchmark_*.png'))
+    assert sorted(os.path.basename(c) for c in charts) == sorted(
+        f'benchmark_{class_slug(k)}.png' for k in by_class)  # no chart of a class gone
+
+
+def _run(cpu='AMD EPYC', family_model='25/1', features=('avx2',), date='2026-12-01 10:00 UTC',
+         commit='aaaaaaa', speedup=1.5, records=None):
+    record = dict(kind='backbone', arch='tiny', shape=[64, 64], batch=1, mode='infer',
+                  dtype='fp32', baseline='mmdet', candidate='ours', mmdet_ms=3.0,
+                  ours_ms=3.0 / speedup, speedup=speedup, flags=[])
+    return dict(cpu=cpu, cpu_family_model=family_model, cpu_features=list(features), threads=2,
+                torch='2.x', matmul_gflops={'fp32': 100.0}, command='tools/benchmark.py --quick',
+                date=date, commit=commit, records=[record] if records is None else records)
+
+
+def _write(tmp_path, runs):
+    paths = []
+    for i, run in enumerate(runs):
+        path = tmp_path / f'run{i}.json'
+        path.write_text(json.dumps(run))
+        paths.append(str(path))
+    return paths
+
+
+def test_one_model_name_on_two_cpu_classes_keeps_two_sections(tmp_path):
+    """Zen 3 and Zen 5 guests both say 'AMD EPYC': the later run must not replace the other's."""
+    zen3 = _run(commit='zen3aaa', speedup=1.1)
+    zen5 = _run(family_model='26/2', features=('avx2', 'avx512f'), date='2026-12-02 10:00 UTC',
+                commit='zen5bbb', speedup=1.9)
+    zen3_again = _run(date='2026-12-03 10:00 UTC', commit='zen3ccc', speedup=1.2)
+    by_class = load_runs(_write(tmp_path, [zen3, zen5, zen3_again]))
+    assert list(by_class) == [cpu_class(zen3), cpu_class(zen5)]  # newest first
+    headline = headline_markdown(by_class)
+    assert '**1.20**' in headline and '**1.90**' in headline and '**1.10**' not in headline
+    assert 'zen3ccc' in headline and 'zen5bbb' in headline and 'zen3aaa' not in headline
+    doc = performance_markdown(by_class)
+    assert doc.count('\n## AMD EPYC (family/model ') == 2
+    assert 'zen3aaa' in doc  # the older run of a class stays in its run table
+
+
+def _work_record():
+    """Numbers chosen so every ratio is exact: ours moves half of mmdet's bytes, keeps a quarter
+    for backward and peaks at three quarters; the generic path has no peak recorded."""
+    def side(flops, outside, saved, peak, kinds):
+        return dict(product_flops=flops, bytes_outside=outside, bytes_by_kind=kinds,
+                    saved_bytes=saved, peak_bytes=peak)
+    return dict(kind='work', arch='tiny', shape=[224, 224], batch=1, mode='train', dtype='bf16',
+                sides={'ours_generic': side(9 * 10 ** 9, 300 * MB, 100 * MB, None,
+                                            {'attention': 200 * MB, 'norm': 100 * MB}),
+                       'mmdet': side(9 * 10 ** 9, 400 * MB, 200 * MB, 800 * MB,
+                                     {'attention': 150 * MB, 'cast/copy': 200 * MB,
+                                      'norm': 50 * MB}),
+                       'ours': side(9 * 10 ** 9, 200 * MB, 50 * MB, 600 * MB,
+                                    {'cast/copy': 20 * MB, 'window gather/scatter': 80 * MB,
+                                     'bias prefill': 0, 'attention': 100 * MB})})
+
+
+def test_work_rows_and_their_ratios_to_mmdet():
+    rows = work_rows(_work_record())
+    assert [r['side'] for r in rows] == ['mmdet', 'ours', 'ours_generic']
+    mmdet, ours, generic = rows
+    assert {r['case'] for r in rows} == {'tiny 224x224 b1 train bf16'}
+    assert all(r['product_gflops'] == 9.0 for r in rows)
+    assert (mmdet['outside_mb'], mmdet['outside_ratio']) == (400, 1.0)
+    assert (ours['outside_mb'], ours['outside_ratio']) == (200, 0.5)
+    assert (ours['saved_mb'], ours['saved_ratio']) == (50, 0.25)
+    assert (ours['peak_mb'], ours['peak_ratio']) == (600, 0.75)
+    assert (generic['outside_ratio'], generic['saved_ratio']) == (0.75, 0.5)
+    assert generic['peak_mb'] is None and generic['peak_ratio'] is None
+    assert mmdet['largest'] == [('cast/copy', 200), ('attention', 150)]
+    assert ours['largest'] == [('attention', 100), ('window gather/scatter', 80)]
+    infer = copy.deepcopy(_work_record())
+    infer['mode'] = 'infer'
+    for side in infer['sides'].values():
+        side['saved_bytes'] = None
+    assert all(r['saved_mb'] is None and r['saved_ratio'] is None for r in work_rows(infer))
+    lines = format_work([_work_record()]).splitlines()
+    assert len(lines) == 5 and lines[3].split(' | ')[1].strip() == 'ours'
+    assert [c.strip() for c in lines[3].split(' | ')[2:9]] == [
+        '9.00', '200.0', '0.50', '50.0', '0.25', '600.0', '0.75']
+
+
+def test_report_takes_work_records_beside_timed_ones(tmp_path):
+    """A JSON mixing work counts with timed records: the work table per CPU section, and no
+    other table, headline line or chart bar for them."""
+    run = _run()
+    run['records'].append(_work_record())
+    (tmp_path / 'README.md').write_text(f'x\n{HEADLINE[0]}\n{HEADLINE[1]}\n')
+    written = write_report(_write(tmp_path, [run]), str(tmp_path))
+    doc = (tmp_path / 'docs' / 'performance.md').read_text()
+    section = doc.split(f'### {WORK_TITLE}\n', 1)[1]
+    rows = [line.split(' | ') for line in section.splitlines()
+            if line.startswith('| tiny 224x224 b1 train bf16 |')]
+    assert [r[1] for r in rows] == ['mmdet', 'ours', 'ours_generic']
+    mmdet, ours, generic = rows
+    assert mmdet[2:9] == ['9.00', '400.0', '1.00', '200.0', '1.00', '800.0', '1.00']
+    assert ours[2:9] == ['9.00', '200.0', '0.50', '50.0', '0.25', '600.0', '0.75']
+    assert generic[7:9] == ['-', '-']
+    assert ours[9] == 'attention: 100.0, window gather/scatter: 80.0 |'
+    backbone = doc.split('### Backbone', 1)[1].split('###', 1)[0]
+    assert '224x224' not in backbone and doc.count('224x224') == 3
+    readme = (tmp_path / 'README.md').read_text()
+    assert '224x224' not in readme and '64x64 b1 infer fp32 **1.50**' in readme
+    charts = [p for p in written if p.endswith('.png')]
+    assert len(charts) == 1
+    import matplotlib.image
+    assert matplotlib.image.imread(charts[0]).ndim == 3
+
+
+def test_a_class_with_work_counts_only_gets_no_chart(tmp_path):
+    run = _run(records=[_work_record()])
+    written = write_report(_write(tmp_path, [run]), str(tmp_path))
+    assert not [p for p in written if p.endswith('.png')]
+    doc = (tmp_path / 'docs' / 'performance.md').read_text()
+    assert WORK_TITLE in doc and '![' not in doc
+    assert 'no backbone timing' in headline_markdown(load_runs(_write(tmp_path, [run])))
+
+
+@pytest.mark.parametrize('bad', [{'a': 1}, [1, 2]])
+def test_report_refuses_a_file_that_is_not_a_benchmark_json(tmp_path, bad):
+    path = tmp_path / 'x.json'
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match='not a tools/benchmark.py --json file'):
+        load_runs([str(path)])
