@@ -40,7 +40,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from swin_rpe_plugin.cli import ArgumentParser  # noqa: E402
 from swin_rpe_plugin.analysis.benchmark import ARCHS, DTYPES, backbone_work  # noqa: E402
-from swin_rpe_plugin.analysis.benchmark_format import format_profile, format_table  # noqa: E402
+from swin_rpe_plugin.analysis.benchmark_format import (format_profile, format_table,  # noqa: E402
+                                                       format_work)
 from swin_rpe_plugin.analysis.benchmark_runner import (fast_low_precision,  # noqa: E402
                                                        machine_info, matmul_gflops,
                                                        run_comparison)
@@ -213,7 +214,6 @@ def provenance(argv) -> dict:
 
 def work_main(args, argv, machine) -> int:
     """--work: the exact counts of every case, mode and dtype (fp32 and bf16 by default)."""
-    from swin_rpe_plugin.analysis.work import format_work
     records = [dict(backbone_work(args.arch, shape, batch, mode, dtype), **machine)
                for dtype in dict.fromkeys(args.dtype or ['fp32', 'bf16'])
                for shape, batch in cases_of(args) for mode in args.mode or ['infer', 'train']]

@@ -41,7 +41,7 @@ from typing import Callable, Dict, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ['KINDS', 'WorkCounter', 'count_work', 'side_summary', 'format_work']
+__all__ = ['KINDS', 'WEIGHT_CASTS', 'WorkCounter', 'count_work', 'side_summary']
 
 KINDS = ('cast/copy', 'bias prefill', 'norm', 'activation', 'attention',
          'window gather/scatter', 'residual/elementwise')
@@ -218,7 +218,10 @@ def _saved_storages(exclude: set, param_shapes: set):
     saved: Dict[int, tuple] = {}
 
     def pack(t):
-        if t.layout == torch.strided and t.device.type != 'meta':
+        # What the forward keeps: tensors saved while backward runs (a recomputed prefix's
+        # own graph) are transient, and their storages may reuse freed addresses.
+        in_backward = torch._C._current_graph_task_id() != -1
+        if t.layout == torch.strided and t.device.type != 'meta' and not in_backward:
             storage = t.untyped_storage()
             if storage.data_ptr() not in exclude and storage.data_ptr() not in saved:
                 if (tuple(t.shape), t.dtype) in param_shapes:
@@ -291,30 +294,3 @@ def side_summary(work: dict) -> dict:
     """The JSON fields of one side (the per-operator and per-producer profiles dropped)."""
     return {k: v for k, v in work.items() if k not in ('by_op', 'saved_by')}
 
-
-def _mb(nbytes) -> str:
-    return '-' if nbytes is None else f'{nbytes / 1e6:.1f}'
-
-
-def _ratio(value, base) -> str:
-    return '-' if value is None or not base else f'{value / base:.2f}'
-
-
-def format_work(records) -> str:
-    """A plain-text table of work records (``kind='work'``): one line per case and side, the
-    ratios against the record's first side (mmdet's), the two largest kinds."""
-    lines = [f"{'case':<28} {'side':<13} {'GFLOP':>7} {'MB moved':>9} {'x':>5} "
-             f"{'MB kept':>8} {'x':>5} {'MB peak':>8} {'x':>5}  largest kinds (MB)"]
-    for r in records:
-        case = f"{r['arch']} {r['shape'][0]}x{r['shape'][1]} b{r['batch']} {r['mode']} " \
-               f"{r['dtype']}"
-        base = next(iter(r['sides'].values()))
-        for side, s in r['sides'].items():
-            kinds = sorted(s['bytes_by_kind'].items(), key=lambda kv: -kv[1])[:2]
-            lines.append(
-                f"{case:<28} {side:<13} {s['product_flops'] / 1e9:>7.2f} "
-                f"{_mb(s['bytes_outside']):>9} {_ratio(s['bytes_outside'], base['bytes_outside']):>5} "
-                f"{_mb(s['saved_bytes']):>8} {_ratio(s['saved_bytes'], base['saved_bytes']):>5} "
-                f"{_mb(s['peak_bytes']):>8} {_ratio(s['peak_bytes'], base['peak_bytes']):>5}  "
-                + ', '.join(f'{k} {v / 1e6:.1f}' for k, v in kinds))
-    return '\n'.join(lines)

@@ -333,12 +333,12 @@ def _attention_backward_impl(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, 
         qi = flat(torch.mul(q[lo:hi], scale, out=torch.empty_like(dq[lo:hi])))
         ki, vi, gi = (flat(t[lo:hi].to(product, memory_format=torch.contiguous_format))
                       for t in (k, v, grad_out))
-        logits = torch.bmm(qi, ki.transpose(1, 2)).to(softmax)
-        logits.view(nw, heads, n, n).add_(bias)
+        # The bias add is the cast too: one pass from the product's dtype to the softmax's.
+        logits = torch.add(torch.bmm(qi, ki.transpose(1, 2)).view(nw, heads, n, n), bias)
         if mask is not None:
             m = mask[image] if mask.dim() == 4 else mask
-            logits.view(nw, heads, n, n)[nw - m.shape[0]:] += m.unsqueeze(1).to(logits.dtype)
-        p = torch.softmax(logits, dim=-1)
+            logits[nw - m.shape[0]:] += m.unsqueeze(1).to(logits.dtype)
+        p = torch.softmax(logits, dim=-1).view(-1, n, n)
         del logits
         torch.bmm(p.to(product).transpose(1, 2), gi, out=flat(dv[lo:hi]))
         dp = torch.bmm(gi, vi.transpose(1, 2)).to(softmax)

@@ -143,6 +143,13 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     if gelu:  # a gradient through GELU, or no fused epilogue: the product, then GELU
         return F.gelu(linear(x, weight, bias))
     if not onednn_available(x) or not weight.dtype.is_floating_point:
+        dtype = compute_dtype(x)
+        if dtype != weight.dtype and not _needs_grad(x, weight, bias) \
+                and weight.dtype.is_floating_point and not torch.jit.is_tracing():
+            # Inference under autocast: the weights' casts kept from the last call (autocast
+            # would cast every weight again in every forward: a pass over the model).
+            weight = _cast_parameter(weight, dtype)
+            bias = None if bias is None else _cast_parameter(bias, dtype)
         return F.linear(x, weight, bias)
     dtype = compute_dtype(x)
     # oneDNN ops are outside autocast's reach: cast as autocast would (differentiably).

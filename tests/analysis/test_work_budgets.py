@@ -1,0 +1,109 @@
+"""Budgets of the exact work of a Swin-T step (analysis/work.py), against mmdet's own Swin with
+the same weights in the same run.
+
+The counts do not depend on the CPU or on load, so a change that adds a pass over a tensor or
+keeps one more for backward fails here on any machine. The kernel rules are forced to what
+every CPU can run (MKL linears, oneDNN's fc1 + GELU in float32, the bf16 attention backward in
+bf16 as on CPUs with native bf16), so the counts are the same wherever the suite runs.
+``BUDGETS`` holds our counts as measured when they were set: lower them when a change saves
+bytes; raising one needs a reason in the commit. The ratio targets of issue 25 that are met
+are held below as ratios against mmdet's counts of the same run.
+"""
+import pytest
+import torch
+
+from swin_rpe_plugin.analysis.benchmark import backbone_work
+from swin_rpe_plugin.ops import attention
+from swin_rpe_plugin.ops.dispatch import force_kernel
+
+# (mode, dtype, the library of fc1 + GELU at inference): MKL (product, then GELU) everywhere,
+# and oneDNN's fused epilogue, which the rule takes on every CPU in float32.
+CASES = [('infer', 'fp32', 'onednn'), ('infer', 'fp32', 'mkl'), ('train', 'fp32', 'mkl'),
+         ('infer', 'bf16', 'mkl'), ('train', 'bf16', 'mkl')]
+# case -> side -> (bytes moved outside the products, kept for backward, allocator peak),
+# Swin-T, 224 x 224, batch 1. No peak under oneDNN: its scratchpad, allocated through torch,
+# is sized by the instruction set of the kernel it picks, so the peak would depend on the CPU.
+BUDGETS = {
+    ('infer', 'fp32', 'onednn'): {'ours': (150_605_316, None, None),
+                                  'ours_generic': (242_196_996, None, 14_450_688)},
+    ('infer', 'fp32', 'mkl'): {'ours': (242_196_996, None, 14_450_688),
+                               'ours_generic': (242_196_996, None, 14_450_688)},
+    ('train', 'fp32', 'mkl'): {'ours': (771_314_988, 67_418_512, 158_953_904),
+                               'ours_generic': (771_314_988, 67_418_512, 158_953_904)},
+    ('infer', 'bf16', 'mkl'): {'ours': (164_896_644, None, 9_633_792),
+                               'ours_generic': (168_440_520, None, 9_633_792)},
+    ('train', 'bf16', 'mkl'): {'ours': (904_663_596, 94_048_144, 140_615_600),
+                               'ours_generic': (908_207_472, 94_048_144, 140_615_600)},
+}
+
+
+@pytest.fixture(scope='module')
+def records():
+    out = {}
+    native = attention.NATIVE_PRODUCTS[torch.bfloat16]
+    attention.NATIVE_PRODUCTS[torch.bfloat16] = True
+    try:
+        for mode, dtype, gelu in CASES:
+            with force_kernel('linear', 'mkl'), force_kernel('linear_gelu', gelu):
+                out[mode, dtype, gelu] = backbone_work('tiny', (224, 224), 1, mode,
+                                                       dtype)['sides']
+    finally:
+        attention.NATIVE_PRODUCTS[torch.bfloat16] = native
+    return out
+
+
+@pytest.mark.parametrize('case', CASES, ids=' '.join)
+@pytest.mark.parametrize('side', ['ours', 'ours_generic'])
+def test_bytes_stay_within_their_budget(records, case, side):
+    work = records[case][side]
+    moved, kept, peak = BUDGETS[case][side]
+    mode = case[0]
+    assert work['bytes_outside'] <= moved, work['bytes_by_kind']
+    if peak is not None:
+        assert work['peak_bytes'] <= peak
+    if mode == 'train':
+        assert work['saved_bytes'] <= kept
+    else:
+        assert work['saved_bytes'] is None
+
+
+def test_product_flops_are_mmdets_and_the_seed_tables(records, reference):
+    """Inference: the same products as mmdet, 4.5 GMACs for Swin-T at 224 (the seed table).
+    Training: mmdet's plus the one product the attention backward recomputes (q k^T), half
+    the attention's forward products."""
+    for dtype in ('fp32', 'bf16'):
+        infer, train = records['infer', dtype, 'mkl'], records['train', dtype, 'mkl']
+        assert infer['ours']['product_flops'] == infer['mmdet']['product_flops'] \
+            == infer['ours_generic']['product_flops']
+        assert round(infer['ours']['product_flops'] / 2e9, 1) == \
+            reference['model_variants']['Swin-T']['GFLOPs_224']
+        extra = train['ours']['product_flops'] - train['mmdet']['product_flops']
+        assert extra == train['ours_generic']['product_flops'] - \
+            train['mmdet']['product_flops']
+        assert 0 < extra < 0.01 * train['mmdet']['product_flops']
+
+
+@pytest.mark.parametrize('dtype', ['fp32', 'bf16'])
+def test_inference_moves_at_most_half_of_mmdets_bytes(records, dtype):
+    """Issue 25's target for inference on the CPU path, met in both dtypes: float32 with fc1's
+    GELU in oneDNN's epilogue (the rule on every CPU), bf16 with the weights' casts kept
+    between calls, which the generic path shares."""
+    infer = records[('infer', 'fp32', 'onednn') if dtype == 'fp32' else ('infer', dtype, 'mkl')]
+    assert infer['ours']['bytes_outside'] <= 0.5 * infer['mmdet']['bytes_outside']
+    if dtype == 'bf16':
+        assert infer['ours_generic']['bytes_outside'] <= 0.5 * infer['mmdet']['bytes_outside']
+
+
+def test_fc1_with_gelu_on_onednn_moves_nothing_outside_the_product():
+    """The fused epilogue: bias and GELU inside the product, no pass over fc1's output."""
+    from swin_rpe_plugin.analysis.work import count_work
+    from swin_rpe_plugin.ops import linear
+    x, weight, bias = torch.randn(3136, 96), torch.randn(384, 96), torch.randn(384)
+    with force_kernel('linear_gelu', 'onednn'), torch.no_grad():
+        fused = count_work(lambda x: linear(x, weight, bias, gelu=True), x)
+    with force_kernel('linear_gelu', 'mkl'), torch.no_grad():
+        plain = count_work(lambda x: linear(x, weight, bias, gelu=True), x)
+    out_bytes = 3136 * 384 * 4
+    assert fused['bytes_outside'] == 0 and fused['product_flops'] == 2 * 3136 * 96 * 384
+    # MKL: the bias copied in and read back by the product, then GELU reads and writes
+    assert plain['bytes_outside'] == 2 * out_bytes + 384 * 4 + 2 * out_bytes
