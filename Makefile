@@ -6,8 +6,11 @@ PY := .venv/bin/python
 setup:
 	@bash tools/setup_env.sh
 
+# Extra pytest options, e.g. make test PYTEST_ARGS="--durations=30 -x" (.ci/run prints the slowest).
+PYTEST_ARGS ?=
+
 test: setup
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 # e.g. make demo ARGS=--no-benchmark, make demo ARGS="--arch v2" (the demo with SwinV2)
 demo: setup

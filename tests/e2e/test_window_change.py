@@ -133,14 +133,21 @@ FROZEN = {'optim_wrapper.optimizer.lr': 0.0, 'train_cfg.max_iters': 1,
           'val_evaluator': None, 'model.backbone.drop_path_rate': 0.0}
 
 
-def test_train_load_from_another_window_fine_tunes(det_w4, data, tmp_path):
-    # lr 0: the weights of the saved checkpoint are exactly what load_from put in the model.
-    work = str(tmp_path / 'w7')
+@pytest.fixture(scope='module')
+def fine_tuned_w7(det_w4, data, tmp_path_factory):
+    """tools/train.py at window 7 with load_from the window-4 checkpoint, lr 0, 1 iteration (one
+    run serves both tests below): (work dir, the run's log)."""
+    work = str(tmp_path_factory.mktemp('w7'))
     proc = train_tool(DET, '--work-dir', work, '--data-root', synthetic_root('mmdet', data),
                       *options_argv({**FROZEN, 'model.backbone.window_size': 7,
                                      'load_from': det_w4}))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    log = proc.stdout + proc.stderr
+    return work, proc.stdout + proc.stderr
+
+
+def test_train_load_from_another_window_fine_tunes(det_w4, fine_tuned_w7):
+    # lr 0: the weights of the saved checkpoint are exactly what load_from put in the model.
+    work, log = fine_tuned_w7
     assert len(RESIZED.findall(log)) == 4, log[-3000:]
     assert 'size mismatch' not in log
     trained = saved_state(os.path.join(work, 'iter_1.pth'))
@@ -150,21 +157,17 @@ def test_train_load_from_another_window_fine_tunes(det_w4, data, tmp_path):
                                    atol=1e-6, rtol=0)
 
 
-def test_resume_at_another_window_is_refused(det_w4, data, tmp_path):
-    work = str(tmp_path / 'w4')
-    root = synthetic_root('mmdet', data)
-    first = train_tool(DET, '--work-dir', work, '--data-root', root, *options_argv(FROZEN))
-    assert first.returncode == 0, first.stderr[-3000:]
-    ckpt = os.path.join(work, 'iter_1.pth')
-    proc = train_tool(DET, '--work-dir', str(tmp_path / 'r'), '--data-root', root,
-                      '--resume', ckpt,
-                      *options_argv({**FROZEN, 'train_cfg.max_iters': 2,
-                                     'model.backbone.window_size': 7}))
+def test_resume_at_another_window_is_refused(fine_tuned_w7, data, tmp_path):
+    # A run trained by tools/train.py at window 7, resumed at the config's window 4.
+    ckpt = os.path.join(fine_tuned_w7[0], 'iter_1.pth')
+    proc = train_tool(DET, '--work-dir', str(tmp_path / 'r'), '--data-root',
+                      synthetic_root('mmdet', data), '--resume', ckpt,
+                      *options_argv({**FROZEN, 'train_cfg.max_iters': 2}))
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f'error: --resume: {ckpt!r} was trained at another window '
                            '(backbone.stages.0.blocks.0.attn.w_msa.relative_position_bias_table:'
-                           ' (49, 1) in the checkpoint, (169, 1) in the model; 8 such tables)')
+                           ' (169, 1) in the checkpoint, (49, 1) in the model; 8 such tables)')
     assert f'load_from={ckpt}' in last and 'Traceback' not in proc.stderr
 
 
