@@ -354,5 +354,6 @@ def _attention_backward_impl(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, 
 
 @_attention_backward_op.register_fake
 def _(grad_out, q, k, v, bias, mask, scale, nw):
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-            torch.empty_like(bias))
+    # Dense [B * nW, heads, N, d] gradients as the kernel writes them, whatever q's strides.
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            bias.new_empty(bias.shape))

@@ -107,3 +107,21 @@ def test_linear_with_recomputed_input_matches_autograd():
     expected = torch.autograd.grad(ref, inputs, g)
     for a, b in zip(got, expected):
         assert torch.allclose(a, b, atol=1e-10)
+
+
+def test_backward_fake_kernel_strides_match_the_kernel():
+    """inductor asserts a registered op's output strides against its fake kernel. With q, k,
+    v the strided views of a qkv projection (as the model passes them) the kernel returns
+    dense gradients, and so must the fake (a mismatch failed compiled training)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from swin_rpe_plugin.ops import split_qkv
+    qkv = torch.randn(8, 16, 3 * 2 * 4)
+    q, k, v = split_qkv(qkv, 2)
+    bias, grad = torch.randn(2, 16, 16), torch.randn(8, 16, 8)
+    op = torch.ops.swin_rpe.window_attention_backward
+    real = op(grad, q, k, v, bias, None, 0.5, 4)
+    with FakeTensorMode() as mode:
+        fake = op(*(mode.from_tensor(t) for t in (grad, q, k, v, bias)), None, 0.5, 4)
+    assert [t.stride() for t in fake] == [t.stride() for t in real]
+    assert [t.shape for t in fake] == [t.shape for t in real]
