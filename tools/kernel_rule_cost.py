@@ -86,9 +86,9 @@ def main(argv=None) -> int:
     rule = choose_kernel('linear', 'cpu', torch.float32)
     print(f'all linears of one forward + input-gradient pass: oneDNN {totals["onednn"]:.0f} ms, '
           f'MKL {totals["mkl"]:.0f} ms, fastest per shape {totals["fastest"]:.0f} ms: this '
-          f'CPU\'s rule ({rule}) costs {totals[rule] / totals["fastest"] - 1:+.1%} against a '
-          'per-shape choice')
-    gelu_totals = {'onednn': 0.0, 'mkl': 0.0}
+          f'CPU\'s rule ({rule}): the rule costs {totals[rule] / totals["fastest"] - 1:+.1%} '
+          'against a per-shape choice')
+    gelu_totals, gelu_records = {'onednn': 0.0, 'mkl': 0.0}, []
     for name, rows, k, n, count in products(ARCHS[args.arch], args.shape, args.batch):
         if not name.endswith('.fc1'):
             continue
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         t = {'onednn': median_ms(lambda: onednn(x, weight, bias, 'gelu', [], 'none'),
                                  args.repeats),
              'mkl': median_ms(lambda: F.gelu(F.linear(x, weight, bias)), args.repeats)}
-        records.append(dict(name=name + '+gelu', rows=rows, k=k, n=n, count=count, **t))
+        gelu_records.append(dict(name=name + '+gelu', rows=rows, k=k, n=n, count=count, **t))
         for lib in t:
             gelu_totals[lib] += count * t[lib]
         print(f'{name + "+gelu":24s} {rows:6d}x{k:4d}->{n:4d} x{count}: oneDNN fused '
@@ -105,7 +105,8 @@ def main(argv=None) -> int:
           f'MKL then GELU {gelu_totals["mkl"]:.0f} ms')
     if args.json:
         with open(args.json, 'w') as f:
-            json.dump(dict(totals=totals, gelu_totals=gelu_totals, records=records,
+            json.dump(dict(totals=totals, records=records, gelu_totals=gelu_totals,
+                           gelu_records=gelu_records,
                            threads=torch.get_num_threads()), f, indent=1)
     return 0
 

@@ -23,3 +23,7 @@ def test_kernel_rule_cost_lists_every_linear_of_the_backbone(tmp_path):
     totals = result['totals']
     assert totals['fastest'] <= min(totals['onednn'], totals['mkl'])
     assert 'the rule costs' in proc.stdout
+    # fc1 + GELU at inference, one per stage: oneDNN's fused epilogue against MKL then GELU
+    gelu = result['gelu_records']
+    assert [r['name'] for r in gelu] == [f'stage{i}.fc1+gelu' for i in range(4)]
+    assert result['gelu_totals']['onednn'] > 0 and result['gelu_totals']['mkl'] > 0
