@@ -135,7 +135,8 @@ def loop_reference(q, k, v, bias, full_mask, scale):
     return torch.stack(outs)
 
 
-@pytest.mark.parametrize('valid_hw', [(10, 11), ((10, 11), (7, 9))], ids=['one_region', 'per_image'])
+@pytest.mark.parametrize('valid_hw', [(10, 11), ((10, 11), (7, 9))],
+                         ids=['one_region', 'per_image'])
 def test_generic_equals_the_cpu_path_on_shifted_padded_windows(valid_hw):
     """The plan of a shifted block on a 10 x 11 map padded to 12 x 12, padding masked (one
     region for both images, or one per image): both paths give the float64 loop reference's
