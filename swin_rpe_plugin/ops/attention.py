@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .dispatch import autocast_context, compute_dtype, is_tracing, use_cpu_fast_paths
+from .dispatch import (autocast_context, choose_kernel, compute_dtype, is_tracing,
+                       use_cpu_fast_paths)
 
 __all__ = ['window_attention', 'split_qkv']
 
@@ -244,9 +245,14 @@ def _explicit(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tens
 @torch.library.custom_op('swin_rpe::window_attention', mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
                   scale: float, nw: int, mask_like_q: bool = False) -> Tensor:
-    """Forward of :func:`_fused` (no dropout; the flash kernel on CPU, each device's own
-    elsewhere); backward: :func:`_attention_backward_op`. ``mask_like_q``: bias + mask in q's
-    dtype (the generic path) instead of float32 next to bf16/fp16 q (the CPU flash kernel)."""
+    """Forward of :func:`_fused` (no dropout; each device's own SDPA kernels on the generic
+    path), or on the CPU path, where the kernel rule names 'explicit' for q's dtype
+    (``dispatch.choose_kernel('attention', ...)``), :func:`_explicit_per_image`; backward:
+    :func:`_attention_backward_op`. ``mask_like_q``: the generic path (bias + mask in q's
+    dtype, every device's kernels) instead of the CPU path (float32 next to bf16/fp16 q, as
+    the CPU flash kernel takes it)."""
+    if not mask_like_q and choose_kernel('attention', q.device.type, q.dtype) == 'explicit':
+        return _explicit_per_image(q, k, v, bias, mask, scale, nw)
     return _fused(q, k, v, bias, mask, scale, 0.0, nw, mask_like_q)
 
 
@@ -270,6 +276,56 @@ def _attention_backward(ctx, grad_out: Tensor):
 
 
 _attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
+
+
+def _flat(t: Tensor) -> Tensor:
+    """[w, heads, N, x] -> [w * heads, N, x]: the layout batched products take."""
+    return t.reshape(-1, t.shape[-2], t.shape[-1])
+
+
+def _image_mask(mask: Optional[Tensor], image: int) -> Optional[Tensor]:
+    """The [nM, N, N] mask of one image's last nM windows (one for all images, or its own)."""
+    if mask is None:
+        return None
+    return mask[image] if mask.dim() == 4 else mask
+
+
+def _image_probabilities(qi: Tensor, ki: Tensor, bias: Tensor, mask: Optional[Tensor],
+                         nw: int) -> Tensor:
+    """softmax(qi ki^T + bias + mask) of one image's nW windows, [nW * heads, N, N] in bias's
+    dtype (float32, or float64): qi pre-scaled and ki dense, [nW * heads, N, d], in the
+    products' dtype; the mask covers the last nM windows. The bias add is the cast too: one
+    pass from the product's dtype to the softmax's."""
+    heads, n = bias.shape[0], bias.shape[-1]
+    logits = torch.add(torch.bmm(qi, ki.transpose(1, 2)).view(nw, heads, n, n), bias)
+    if mask is not None:
+        logits[nw - mask.shape[0]:] += mask.unsqueeze(1).to(logits.dtype)
+    return torch.softmax(logits, dim=-1).view(-1, n, n)
+
+
+def _explicit_per_image(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
+                        scale: float, nw: int) -> Tensor:
+    """The CPU path's forward by explicit products, one image at a time (the matrices stay
+    per image, as in the backward, whose :func:`_image_probabilities` it shares): q k^T, the
+    bias (+ mask) added in float32, softmax in float32, @ v. Products in q's dtype where the
+    CPU multiplies it natively (:func:`backward_product_dtype`), else float32; the output in
+    q's dtype and the layout the projection takes, [B * nW, N, heads * head_dim]. The rule
+    takes it where 49-token windows make SDPA's flash kernel the slower one."""
+    product = backward_product_dtype(q.dtype, q.device.type)
+    bias = bias.to(torch.promote_types(product, torch.float32))
+    bw, heads, n, head_dim = q.shape
+    out = torch.empty(bw, n, heads, head_dim, dtype=q.dtype, device=q.device)
+    for image, lo in enumerate(range(0, bw, nw)):
+        hi = lo + nw
+        # One pass each makes the strided views of the qkv output dense (q scaled on the way).
+        qi = _flat(torch.mul(q[lo:hi], scale, out=torch.empty(
+            nw, heads, n, head_dim, dtype=product, device=q.device)))
+        ki, vi = (_flat(t[lo:hi].to(product, memory_format=torch.contiguous_format))
+                  for t in (k, v))
+        p = _image_probabilities(qi, ki, bias, _image_mask(mask, image), nw)
+        o = torch.bmm(p.to(product), vi).view(nw, heads, n, head_dim)
+        out[lo:hi].copy_(o.transpose(1, 2))
+    return out.view(bw, n, heads * head_dim)
 
 
 # Whether this CPU multiplies bf16 / fp16 natively (avx512_bf16, AMX, avx512_fp16): elsewhere
@@ -321,33 +377,23 @@ def _attention_backward_impl(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, 
     dq, dk, dv = (torch.empty(bw, heads, n, head_dim, dtype=product, device=q.device)
                   for _ in range(3))
     dbias = torch.zeros(heads, n, n, device=q.device, dtype=softmax)
-
-    def flat(t: Tensor) -> Tensor:  # [w, heads, N, x] -> [w * heads, N, x]
-        return t.reshape(-1, t.shape[-2], t.shape[-1])
-
     for image, lo in enumerate(range(0, bw, nw)):  # per image bounds the matrices
         hi = lo + nw
         # One pass each makes the strided views of the qkv output dense in the product's
         # dtype (q pre-scaled: dk = ds^T (q s) needs no scaling, dq = (ds k) s once), so no
         # product copies an operand again.
-        qi = flat(torch.mul(q[lo:hi], scale, out=torch.empty_like(dq[lo:hi])))
-        ki, vi, gi = (flat(t[lo:hi].to(product, memory_format=torch.contiguous_format))
+        qi = _flat(torch.mul(q[lo:hi], scale, out=torch.empty_like(dq[lo:hi])))
+        ki, vi, gi = (_flat(t[lo:hi].to(product, memory_format=torch.contiguous_format))
                       for t in (k, v, grad_out))
-        # The bias add is the cast too: one pass from the product's dtype to the softmax's.
-        logits = torch.add(torch.bmm(qi, ki.transpose(1, 2)).view(nw, heads, n, n), bias)
-        if mask is not None:
-            m = mask[image] if mask.dim() == 4 else mask
-            logits[nw - m.shape[0]:] += m.unsqueeze(1).to(logits.dtype)
-        p = torch.softmax(logits, dim=-1).view(-1, n, n)
-        del logits
-        torch.bmm(p.to(product).transpose(1, 2), gi, out=flat(dv[lo:hi]))
+        p = _image_probabilities(qi, ki, bias, _image_mask(mask, image), nw)
+        torch.bmm(p.to(product).transpose(1, 2), gi, out=_flat(dv[lo:hi]))
         dp = torch.bmm(gi, vi.transpose(1, 2)).to(softmax)
         ds = torch._softmax_backward_data(dp, p, -1, softmax)  # p (dp - rowsum(dp p))
         del dp, p
         dbias += ds.view(nw, heads, n, n).sum(0)
         ds = ds.to(product)
-        torch.bmm(ds, ki, out=flat(dq[lo:hi]))
-        torch.bmm(ds.transpose(1, 2), qi, out=flat(dk[lo:hi]))
+        torch.bmm(ds, ki, out=_flat(dq[lo:hi]))
+        torch.bmm(ds.transpose(1, 2), qi, out=_flat(dk[lo:hi]))
     dq.mul_(scale)
     return tuple(g.to(dt) for g, dt in zip((dq, dk, dv, dbias), dtypes))
 

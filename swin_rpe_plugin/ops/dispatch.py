@@ -140,7 +140,10 @@ def autocast_context(device_type: str, dtype: Optional[torch.dtype] = None,
 
 # 'linear': every product of a linear layer; 'linear_gelu': fc1 at inference, whose GELU
 # oneDNN applies in the product's epilogue (MKL: the product, then a GELU pass).
-KERNELS = {'linear': ('onednn', 'mkl'), 'linear_gelu': ('onednn', 'mkl')}
+# 'attention': the forward of the CPU fast path's window attention, SDPA's flash kernel or
+# the explicit products (per image: q k^T, bias + mask, softmax, @ v), ops/attention.py.
+KERNELS = {'linear': ('onednn', 'mkl'), 'linear_gelu': ('onednn', 'mkl'),
+           'attention': ('flash', 'explicit')}
 _CPU_CLASSES = [f'{vendor}-{isa}' for vendor in ('amd', 'intel', 'other')
                 for isa in ('avx512', 'avx2')]
 # (kind, device type, dtype, CPU class) -> kernel; anything not listed takes the kind's default
@@ -157,7 +160,7 @@ KERNEL_RULES: Dict[tuple, str] = {
     **{('linear_gelu', 'cpu', torch.bfloat16, cpu): 'onednn' for cpu in _CPU_CLASSES
        if cpu.endswith('avx512')},
 }
-DEFAULT_KERNELS = {'linear': 'mkl', 'linear_gelu': 'mkl'}
+DEFAULT_KERNELS = {'linear': 'mkl', 'linear_gelu': 'mkl', 'attention': 'flash'}
 _forced_kernels: Dict[str, Optional[str]] = {}
 
 

@@ -59,7 +59,7 @@ def test_registered_ops_are_counted_through_their_aten_kernels():
     mask = torch.zeros(2, n, n)
     mask[:, :, n // 2:] = -100.0
     counter = WorkCounter()
-    with counter:
+    with counter, force_kernel('attention', 'flash'):  # the rule's other kernel: products
         window_attention(q, k, v, bias, mask, windows_per_image=nw).sum().backward()
     ops = ' '.join(counter.by_op)
     assert '_scaled_dot_product_flash_attention_for_cpu' in ops

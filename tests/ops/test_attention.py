@@ -32,6 +32,47 @@ def test_attention_against_a_loop_reference(fused):
     assert torch.allclose(out, loop_reference(q, k, v, bias, full), atol=1e-5)
 
 
+@pytest.mark.parametrize('dtype', ['fp32', 'bf16-native', 'bf16-emulated'])
+@pytest.mark.parametrize('kernel', ['flash', 'explicit'])
+def test_cpu_attention_kernels_against_a_loop_reference(kernel, dtype, monkeypatch):
+    """Both kernels of the CPU path's rule (dispatch 'attention'), on q, k, v as the block
+    makes them (strided views of one qkv output), with no mask, a mask of the last windows
+    and one mask per image, against the float64 loop reference on the same values. fp32:
+    to float32 rounding; bf16: bf16 products (native; forced here on any CPU) or float32 ones
+    (emulated), a few bf16 ulps of the largest output, far below what a wrong formula gives."""
+    import swin_rpe_plugin.ops.attention as attention
+    from swin_rpe_plugin.ops import split_qkv
+    from swin_rpe_plugin.ops.dispatch import force_kernel
+    monkeypatch.setitem(attention.NATIVE_PRODUCTS, torch.bfloat16, dtype == 'bf16-native')
+    b, nw, heads, n, hd = 2, 4, 3, 49, 16
+    torch.manual_seed(0)
+    qkv = torch.randn(b * nw, n, 3 * heads * hd)
+    qkv = qkv if dtype == 'fp32' else qkv.bfloat16()
+    q, k, v = split_qkv(qkv, heads)
+    bias = torch.randn(heads, n, n)
+    shift = shift_attention_mask((14, 14), 7, 3)
+    per_image = torch.stack([shift[1:], torch.flip(shift[1:], (-1,))])  # [B, 3, N, N]
+    cases = [(None, None), (shift[1:], torch.cat([torch.zeros(1, n, n), shift[1:]])),
+             (per_image, None)]
+    tolerance = 1e-5 if dtype == 'fp32' else 1.5e-2
+    ref_q, ref_k, ref_v = (t.double() for t in (q, k, v))
+    for mask, full in cases:
+        with force_kernel('attention', kernel):
+            out = window_attention(q, k, v, bias, mask, windows_per_image=nw)
+        assert out.dtype == q.dtype and out.shape == (b * nw, n, heads * hd)
+        if mask is not None and mask.dim() == 4:  # one image at a time, each its own mask
+            full_per_image = [torch.cat([torch.zeros(1, n, n), m]).double() for m in mask]
+            ref = torch.cat([loop_reference(ref_q[i * nw:(i + 1) * nw],
+                                            ref_k[i * nw:(i + 1) * nw],
+                                            ref_v[i * nw:(i + 1) * nw], bias.double(), m)
+                             for i, m in enumerate(full_per_image)])
+        else:
+            ref = loop_reference(ref_q, ref_k, ref_v, bias.double(),
+                                 None if full is None else full.double())
+        err = (out.double() - ref).abs().max() / ref.abs().max()
+        assert err < tolerance, (kernel, dtype, None if mask is None else mask.shape, float(err))
+
+
 def test_attention_refuses_mismatched_bias_and_mask():
     q = torch.randn(4, 2, 9, 4)
     with pytest.raises(ValueError, match='bias'):

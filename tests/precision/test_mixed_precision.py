@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from swin_rpe_plugin import SwinTransformer
 from swin_rpe_plugin.models.layers import PatchEmbed
 from swin_rpe_plugin.ops import linear, shift_attention_mask, window_attention
-from swin_rpe_plugin.ops.dispatch import force_backend
+from swin_rpe_plugin.ops.dispatch import force_backend, force_kernel
 
 # Relative error bounds, max |bf16 - fp32| / max |fp32| (worst output or parameter), at twice
 # the largest value measured on an Intel Xeon with AMX (torch 2.13): outputs 0.015 over the
@@ -74,7 +74,8 @@ def test_attention_under_autocast_keeps_the_mask_float32_where_the_kernel_takes_
         return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
 
     monkeypatch.setattr(F, 'scaled_dot_product_attention', recording_sdpa)
-    with force_backend(backend), bf16():
+    # The CPU path's SDPA kernel (its rule's other kernel, explicit products, calls no SDPA).
+    with force_backend(backend), bf16(), force_kernel('attention', 'flash'):
         out = window_attention(q, k, v, bias, mask, windows_per_image=nw)
     # CPU fast path: bias + mask in float32 next to bf16 q (cast by us, autocast off); generic
     # path: autocast casts q, k, v at the call, the mask is passed in its dtype (what CUDA's
