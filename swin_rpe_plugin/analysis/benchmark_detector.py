@@ -197,6 +197,9 @@ def detector_comparison(name: str, shape: Tuple[int, int], mode: str, dtype: str
     stock = build_detector(name, 'mmdet')
     ours = build_detector(name, 'ours', stock.state_dict())
     data = synthetic_batch(stock, shape, mode == 'train', batch)
+    # The record names the size the model ran at: mmseg's preprocessor pads training batches
+    # up to the config's crop (512 x 512), whatever size was asked for.
+    requested, shape = tuple(shape), tuple(data['inputs'].shape[-2:])
     stock.eval(), ours.eval()
     feats = []
     for model in (stock, ours):
@@ -210,7 +213,7 @@ def detector_comparison(name: str, shape: Tuple[int, int], mode: str, dtype: str
               for which in ('mmdet', 'ours')}
     gflops = model_gflops(stock, shape) * (3 if mode == 'train' else 1)
     key = dict(kind='detector', arch=name, shape=list(shape), batch=batch, mode=mode,
-               dtype=dtype)
+               dtype=dtype, **({} if requested == shape else {'requested_shape': list(requested)}))
     steps = {'mmdet': detector_step(stock, mode, dtype), 'ours': detector_step(ours, mode, dtype)}
     return Comparison(key, steps, data, baseline='mmdet', gflops=gflops, roof_dtype=dtype,
                       checks=dict(max_abs_diff=diff), memory=memory)

@@ -26,28 +26,35 @@ oneDNN ops) cast to it themselves, so autocast means the same on every path.
 Kernel choices (:func:`choose_kernel`): where two libraries compute the same product (oneDNN's
 matmul or MKL's sgemm behind ``F.linear``), a fixed rule per kind, device, dtype and CPU class
 (vendor and the instruction set ATen's kernels use) picks one (:data:`KERNEL_RULES`): oneDNN for
-float32 linears on AMD CPUs with AVX-512 and for bfloat16 on any AVX-512 CPU, MKL (plain
-``F.linear``) everywhere else. Measured, not guessed: on AMD Zen 5 (AVX-512) oneDNN reached
-200-240 GFLOP/s per core on a Swin block's shapes against MKL's 55-110, where MKL takes a slow
-path; on AVX2-only AMD Zen 3 MKL is the faster one (``tools/kernel_rule_cost.py``, Swin-T
-512x512 b2, idle: oneDNN 1318 ms, MKL 1202 ms for every linear's forward and input gradient;
-the whole backbone 0.90-0.92x mmdet with oneDNN, 1.06-1.07x with MKL); on the Intel AMX machine
-MKL was as fast as oneDNN for Swin-T and faster for SwinV2-T (790 against 926 ms, see
-docs/swinv2.md). The class is fixed for a machine (``ATEN_CPU_CAPABILITY`` changes the
-instruction set for a whole process), so the rule is as reproducible as a constant. The two libraries sum in different orders, so the choice must never
+float32 linears on AMD CPUs with AVX-512 and for bfloat16 on non-Intel AVX-512 CPUs, MKL (plain
+``F.linear``, whose bf16 products ATen hands to oneDNN's matmul) everywhere else. Measured, not
+guessed: on AMD Zen 5 (AVX-512) oneDNN reached 200-240 GFLOP/s per core on a Swin block's shapes
+against MKL's 55-110, where MKL takes a slow path; on AVX2-only AMD Zen 3 MKL is the faster one
+(``tools/kernel_rule_cost.py``, Swin-T 512x512 b2, idle: oneDNN 1318 ms, MKL 1202 ms for every
+linear's forward and input gradient; the whole backbone 0.90-0.92x mmdet with oneDNN, 1.06-1.07x
+with MKL); on the Intel AMX machine MKL was as fast as oneDNN for Swin-T and faster for SwinV2-T
+(790 against 926 ms, see docs/swinv2.md), and in bf16 F.linear beat oneDNN's inner product on every
+Swin-T shape (97 against 121 ms, 512x512 b2, Xeon with AMX, 2026-12-02). The class is fixed for a
+machine (``ATEN_CPU_CAPABILITY`` changes the instruction set for a whole process), so the rule is
+as reproducible as a constant. The two libraries sum in different orders, so the choice must never
 depend on timing: an earlier version timed both at first use per shape and process, and on CPUs
-where the two are close (Zen 5) two runs with one seed picked differently and ended with
-different weights. A choice measured once and stored per CPU model was the other option; it was
-rejected because a stored decision is state outside the repository that differs between two
-machines of one model and needs a reset path. The rule gives the same kernel for every shape in
-every process, so ``torch.use_deterministic_algorithms(True)`` (and mmengine's
-``randomness.deterministic=True``) needs nothing more here: every CPU kernel on these paths is
-run-to-run deterministic at a fixed thread count. ``SWIN_RPE_LINEAR=onednn|mkl`` (or
-:func:`force_kernel`) forces one; tests run each. A second kind, ``linear_gelu`` (fc1 at
-inference), is oneDNN's on every CPU where oneDNN has the dtype: its epilogue adds the bias and
-applies GELU, two passes of the 4C-wide output fewer than MKL's product and a GELU pass
-(``tools/kernel_rule_cost.py`` on Zen 3: 423 against 543 ms over Swin-T's fc1s at 512x512 b2);
-``SWIN_RPE_LINEAR_GELU`` forces it.
+where the two are close (Zen 5) two runs with one seed picked differently and ended with different
+weights. A choice measured once and stored per CPU model was the other option; it was rejected
+because a stored decision is state outside the repository that differs between two machines of one
+model and needs a reset path. The rule gives the same kernel for every shape in every process, so
+``torch.use_deterministic_algorithms(True)`` (and mmengine's ``randomness.deterministic=True``)
+needs nothing more here: every CPU kernel on these paths is run-to-run deterministic at a fixed
+thread count. ``SWIN_RPE_LINEAR=onednn|mkl`` (or :func:`force_kernel`) forces one; tests run each.
+A second kind, ``linear_gelu`` (fc1 at inference), is oneDNN's on every CPU where oneDNN has the
+dtype: its epilogue adds the bias and applies GELU, two passes of the 4C-wide output fewer than
+MKL's product and a GELU pass (``tools/kernel_rule_cost.py`` on Zen 3: 423 against 543 ms over
+Swin-T's fc1s at 512x512 b2); ``SWIN_RPE_LINEAR_GELU`` forces it (on the Intel AMX machine: 144
+against 164 ms in float32, 46 against 75 in bf16). A third, ``attention`` (the CPU path's window
+attention forward), is SDPA's flash kernel everywhere measured: on the Xeon with AMX (2026-12-02,
+512x512 b2, idle) it took 69 ms over Swin-T's blocks against 89 for the explicit per-image products
+in float32, and 57 against 87 in bf16. The issue-25 profile of the AVX2 Zen 3 suggests the explicit
+products there (mmdet's bmm + softmax took 8.5% of an inference against our flash kernel's 15.5%),
+not yet measured with the tool; ``SWIN_RPE_ATTENTION=flash|explicit`` forces one.
 
 Imports torch only.
 """
@@ -148,13 +155,13 @@ _CPU_CLASSES = [f'{vendor}-{isa}' for vendor in ('amd', 'intel', 'other')
                 for isa in ('avx512', 'avx2')]
 # (kind, device type, dtype, CPU class) -> kernel; anything not listed takes the kind's default
 # (the standard library). bf16 without AVX-512 is MKL's because oneDNN has no bf16 inner
-# product there. fc1 + GELU at inference is oneDNN's wherever oneDNN has the dtype: the fused
-# epilogue saves two passes of the 4C-wide output (tools/kernel_rule_cost.py, Zen 3: see its
-# docstring).
+# product there; on Intel with AMX it is F.linear's too, which was faster there (see the
+# module docstring). fc1 + GELU at inference is oneDNN's wherever oneDNN has the dtype: the
+# fused epilogue saves two passes of the 4C-wide output (tools/kernel_rule_cost.py, Zen 3:
+# see its docstring). The attention forward is the flash kernel's everywhere (the default).
 KERNEL_RULES: Dict[tuple, str] = {
     ('linear', 'cpu', torch.float32, 'amd-avx512'): 'onednn',
     ('linear', 'cpu', torch.bfloat16, 'amd-avx512'): 'onednn',
-    ('linear', 'cpu', torch.bfloat16, 'intel-avx512'): 'onednn',
     ('linear', 'cpu', torch.bfloat16, 'other-avx512'): 'onednn',
     **{('linear_gelu', 'cpu', torch.float32, cpu): 'onednn' for cpu in _CPU_CLASSES},
     **{('linear_gelu', 'cpu', torch.bfloat16, cpu): 'onednn' for cpu in _CPU_CLASSES

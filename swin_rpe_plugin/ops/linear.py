@@ -4,14 +4,14 @@
 generic path, about 55-110 GFLOP/s per core, where oneDNN's matmul
 (``torch.ops.mkldnn._linear_pointwise``, what inductor emits for frozen CPU linears) reaches
 200-240 on the shapes of a Swin block; on AVX2-only CPUs (Zen 3) MKL is about 10% faster than
-oneDNN, and on Intel MKL is as fast or faster. Which library serves a product is a fixed rule
-per device, dtype and CPU class (``dispatch.choose_kernel``), never a measurement, so two processes with one seed compute
-bitwise the same. Where the rule names MKL the layer is plain ``F.linear`` (autocast and the
-compiler see it as it is); where it names oneDNN the product is the registered op
+oneDNN, and on Intel MKL is as fast or faster. Which library serves a product is a fixed rule per
+device, dtype and CPU class (``dispatch.choose_kernel``), never a measurement, so two processes
+with one seed compute bitwise the same. Where the rule names MKL the layer is plain ``F.linear``
+(autocast and the compiler see it as it is); where it names oneDNN the product is the registered op
 ``swin_rpe::linear``, and under bf16 autocast that op runs on bf16 operands (what autocast would
 have chosen: bf16 products, float32 accumulation). The same fp32 products are summed in another
-order, so the two agree to float32 rounding. Anything else (other devices, fp16, no oneDNN,
-the generic backend of ``dispatch.py``) runs ``F.linear``.
+order, so the two agree to float32 rounding. Anything else (other devices, fp16, no oneDNN, the
+generic backend of ``dispatch.py``) runs ``F.linear``.
 
 Imports torch only.
 """

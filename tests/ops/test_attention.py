@@ -166,3 +166,33 @@ def test_backward_fake_kernel_strides_match_the_kernel():
         fake = op(*(mode.from_tensor(t) for t in (grad, q, k, v, bias)), None, 0.5, 4)
     assert [t.stride() for t in fake] == [t.stride() for t in real]
     assert [t.shape for t in fake] == [t.shape for t in real]
+
+
+def test_kernels_see_masks_whose_weights_underflow_to_zero_not_to_denormals():
+    """exp(-100 + ...) is a float32 denormal, which Intel CPUs compute with many times slower;
+    the kernels' copy of the mask doubles masked entries, so those weights are exact zeros,
+    and the outputs stay the reference's to float32 rounding. The copy is made once per mask
+    and made again when the mask changes in place."""
+    from swin_rpe_plugin.ops.attention import _image_probabilities, _underflowing
+    nw, heads, n, hd = 4, 2, 49, 8
+    torch.manual_seed(0)
+    q, k = (torch.randn(nw * heads, n, hd) for _ in range(2))
+    bias = torch.randn(heads, n, n)
+    mask = shift_attention_mask((14, 14), 7, 3)
+    tiny = torch.finfo(torch.float32).tiny
+
+    def denormals(p):
+        return int(((p != 0) & (p.abs() < tiny)).sum())
+
+    reference = _image_probabilities(q, k, bias, mask, nw)
+    assert denormals(reference) > 0  # the reference's -100: the slow case exists
+    doubled = _underflowing(mask)
+    assert set(doubled.unique().tolist()) == {0.0, -200.0}
+    p = _image_probabilities(q, k, bias, doubled, nw)
+    assert denormals(p) == 0
+    assert torch.allclose(p, reference, rtol=0, atol=1e-30)
+    assert _underflowing(mask) is doubled  # once per mask
+    mask[0, 0, 0] = -100.0  # changed in place: made again
+    assert _underflowing(mask) is not doubled and _underflowing(mask)[0, 0, 0] == -200.0
+    custom = torch.full((1, n, n), -3.0)  # other additive values pass unchanged
+    assert torch.equal(_underflowing(custom), custom)

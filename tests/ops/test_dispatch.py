@@ -101,7 +101,7 @@ def test_kernel_choice_is_a_fixed_rule_and_can_be_forced(monkeypatch):
     assert not hasattr(dispatch, 'time')  # nothing in the dispatch point reads a clock
     fp32, bf16 = torch.float32, torch.bfloat16
     expected = {('amd-avx512', fp32): 'onednn', ('amd-avx512', bf16): 'onednn',
-                ('intel-avx512', fp32): 'mkl', ('intel-avx512', bf16): 'onednn',
+                ('intel-avx512', fp32): 'mkl', ('intel-avx512', bf16): 'mkl',
                 ('amd-avx2', fp32): 'mkl', ('amd-avx2', bf16): 'mkl',
                 ('intel-avx2', fp32): 'mkl', ('other-avx2', fp32): 'mkl'}
     for (cpu, dtype), kernel in expected.items():
