@@ -27,3 +27,12 @@ def test_kernel_rule_cost_lists_every_linear_of_the_backbone(tmp_path):
     gelu = result['gelu_records']
     assert [r['name'] for r in gelu] == [f'stage{i}.fc1+gelu' for i in range(4)]
     assert result['gelu_totals']['onednn'] > 0 and result['gelu_totals']['mkl'] > 0
+    # The window attention forward, each stage's regular and shifted blocks, both kernels
+    attention = result['attention_records']
+    assert [r['name'] for r in attention] == [f'stage{i}.{kind}' for i in range(4)
+                                              for kind in ('regular', 'shifted')]
+    assert sum(r['count'] for r in attention) == 2 + 2 + 6 + 2
+    assert (attention[0]['windows'], attention[0]['heads'], attention[0]['masked']) == (4, 3, 0)
+    assert attention[1]['masked'] == 3  # 8x8 tokens padded to 14x14: the last row and column
+    assert result['attention_totals']['flash'] > 0 and result['attention_totals']['explicit'] > 0
+    assert "this CPU's rule: flash" in proc.stdout or "this CPU's rule: explicit" in proc.stdout
