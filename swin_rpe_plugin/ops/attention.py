@@ -281,6 +281,11 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[
     :func:`_attention_backward_op`. ``mask_like_q``: the generic path (bias + mask in q's
     dtype, every device's kernels) instead of the CPU path (float32 next to bf16/fp16 q, as
     the CPU flash kernel takes it)."""
+    # The registered backward gives the gradients, so the kernels get detached inputs: a view
+    # of the bias parameter still requires grad inside the op, and SDPA then leaves every
+    # kernel but its math path (which materialises each attention matrix) for the unmasked
+    # windows' broadcast bias, in training on every device.
+    q, k, v, bias = q.detach(), k.detach(), v.detach(), bias.detach()
     if not mask_like_q and choose_kernel('attention', q.device.type, q.dtype) == 'explicit':
         return _explicit_per_image(q, k, v, bias, mask, scale, nw)
     return _fused(q, k, v, bias, mask, scale, 0.0, nw, mask_like_q)

@@ -196,3 +196,27 @@ def test_kernels_see_masks_whose_weights_underflow_to_zero_not_to_denormals():
     assert _underflowing(mask) is not doubled and _underflowing(mask)[0, 0, 0] == -200.0
     custom = torch.full((1, n, n), -3.0)  # other additive values pass unchanged
     assert torch.equal(_underflowing(custom), custom)
+
+
+@pytest.mark.parametrize('backend', ['auto', 'generic'])
+def test_training_forward_takes_the_fused_kernel_not_the_math_path(backend):
+    """With a bias that requires grad (a parameter in training), SDPA takes its math path,
+    which builds every attention matrix, unless the kernels get detached inputs; the registered
+    op gives the gradients itself. Its forward must run the fused kernel alone."""
+    from swin_rpe_plugin.ops.dispatch import force_backend, force_kernel
+    b, nw, heads, n, hd = 2, 4, 3, 49, 8
+    q, k, v = (torch.randn(b * nw, heads, n, hd, requires_grad=True) for _ in range(3))
+    bias = torch.randn(heads, n, n, requires_grad=True)
+    mask = shift_attention_mask((14, 14), 7, 3)[1:]
+    # The profiler sees the aten ops inside the registered op (a dispatch mode sees one call).
+    with force_backend(backend), force_kernel('attention', 'flash'), \
+            torch.profiler.profile() as profile:
+        out = window_attention(q, k, v, bias, mask, windows_per_image=nw)
+    names = [e.name for e in profile.events()]
+    # per image: one call for the unmasked windows, one for the masked ones
+    assert names.count('aten::_scaled_dot_product_flash_attention_for_cpu') == 2 * b
+    assert not {'aten::_scaled_dot_product_attention_math', 'aten::_safe_softmax',
+                'aten::_softmax'} & set(names)
+    assert out.requires_grad
+    out.sum().backward()
+    assert bias.grad is not None and q.grad is not None
