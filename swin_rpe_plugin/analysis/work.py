@@ -13,7 +13,8 @@ forward and backward, and under ``saved_tensors_hooks`` and the profiler's memor
   the output on CPU (ATen's ``addmm_impl_cpu_``), and the product then reads it back (beta = 1):
   two passes of the output, one for the in-place ``addmm_`` (kind "bias prefill"),
   and SDPA's fused kernels read the mask and write the softmax statistics; oneDNN's linear
-  adds its bias (and GELU, where fused) in the product's epilogue and counts nothing;
+  adds its bias (and GELU, where fused) in the product's epilogue and counts nothing; a sum
+  or mean into another dtype first casts its whole input (a pass its operands do not show);
 - **registered ops are not fused kernels**: a ``swin_rpe::`` op is counted through its Python
   implementation, operator by operator (only the aten kernels it calls are kernels);
 - **kept for backward**: unique storages packed by autograd (``saved_tensors_hooks``),
@@ -181,6 +182,10 @@ class WorkCounter(TorchDispatchMode):
             if kind is None or (kind == 'cast/copy' and any(map(_square, reads))):
                 kind = 'attention' if any(map(_square, reads + _tensors(out))) \
                     else 'residual/elementwise'
+            cast = _reduction_cast_bytes(name, args, kwargs)
+            if cast:
+                self.bytes_by_kind['cast/copy'] += cast
+                self.by_op[f'{name} (cast/copy)'] += cast
         if moved:
             self.bytes_by_kind[kind] += moved
             self.by_op[f'{name} ({kind})'] += moved
@@ -188,6 +193,18 @@ class WorkCounter(TorchDispatchMode):
 
 
 _SKIPPABLE = {'mm', 'addmm', 'addmm_', 'bmm', 'baddbmm', 'baddbmm_'}
+
+
+def _reduction_cast_bytes(name: str, args, kwargs) -> int:
+    """A sum or mean asked for another dtype than its input's casts the whole input to it
+    first (ATen's CPU reductions; the profiler shows the ``aten::to`` inside ``aten::sum``):
+    one more pass, read and written, that the op's own operands do not show."""
+    dtype = kwargs.get('dtype')
+    if name not in ('sum', 'mean') or dtype is None or not args \
+            or not isinstance(args[0], torch.Tensor) or args[0].dtype == dtype:
+        return 0
+    x = args[0]
+    return _tensor_bytes(x) + x.numel() * dtype.itemsize
 
 
 def _unwritten(func, args, kwargs):

@@ -66,3 +66,18 @@ def test_registered_ops_are_counted_through_their_aten_kernels():
     assert '_softmax' in ops  # the backward's recomputed probabilities
     # forward: 2 products per window; backward: q k^T, dv, dp, dq, dk per window
     assert counter.product_flops == (2 + 5) * b * nw * heads * 2 * n * n * d
+
+
+def test_a_sum_into_another_dtype_counts_the_cast_of_its_input():
+    """ATen's CPU sum(dtype=float32) of a bf16 tensor casts the whole input first: the profiler
+    shows aten::to inside aten::sum. The counter counts that pass; a bf16 sum has none."""
+    g = torch.randn(256, 64).bfloat16()
+    into_float = count_work(lambda g: g.sum(0, dtype=torch.float32), g)
+    with torch.profiler.profile() as profile:
+        g.sum(0, dtype=torch.float32)
+    assert 'aten::to' in {e.name for e in profile.events()}  # the cast the counter adds
+    native = count_work(lambda g: g.sum(0), g)
+    read, cast = 256 * 64 * 2, 256 * 64 * (2 + 4)
+    assert native['bytes_outside'] == read + 64 * 2
+    assert into_float['bytes_outside'] == read + 64 * 4 + cast
+    assert into_float['bytes_by_kind']['cast/copy'] == cast
