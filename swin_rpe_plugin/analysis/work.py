@@ -16,7 +16,11 @@ forward and backward, and under ``saved_tensors_hooks`` and the profiler's memor
   adds its bias (and GELU, where fused) in the product's epilogue and counts nothing; a sum
   or mean into another dtype first casts its whole input (a pass its operands do not show);
 - **registered ops are not fused kernels**: a ``swin_rpe::`` op is counted through its Python
-  implementation, operator by operator (only the aten kernels it calls are kernels);
+  implementation, operator by operator (only the aten kernels it calls are kernels). The
+  replay runs below autograd, where no tensor requires grad, so a kernel choice that depends
+  on ``requires_grad`` (SDPA leaves its fused kernels for a mask that requires grad) is not
+  what the real step makes unless the op detaches its inputs, as ours does: the profile of
+  the real step (``--profile``) is the check;
 - **kept for backward**: unique storages packed by autograd (``saved_tensors_hooks``),
   parameters excluded (their low-precision casts under autocast are counted, and also given
   apart as ``saved_weight_cast_bytes``: a tensor of a weight's shape in bf16/fp16, the same
