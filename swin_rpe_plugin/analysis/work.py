@@ -15,6 +15,7 @@ forward and backward, and under ``saved_tensors_hooks`` and the profiler's memor
   and SDPA's fused kernels read the mask and write the softmax statistics; oneDNN's linear
   adds its bias (and GELU, where fused) in the product's epilogue and counts nothing; a sum
   or mean into another dtype first casts its whole input (a pass its operands do not show);
+  ``index_fill_`` reads its index and writes only the slices it names;
 - **registered ops are not fused kernels**: a ``swin_rpe::`` op is counted through its Python
   implementation, operator by operator (only the aten kernels it calls are kernels). The
   replay runs below autograd, where no tensor requires grad, so a kernel choice that depends
@@ -64,7 +65,8 @@ _BY_OP = {
     'activation': {'gelu', 'gelu_', 'gelu_backward', 'relu', 'relu_', 'threshold_backward',
                    'native_dropout', 'native_dropout_backward', 'bernoulli', 'bernoulli_'},
     'attention': {'_softmax', '_softmax_backward_data', 'masked_fill', 'masked_fill_'},
-    'window gather/scatter': {'index_select', 'index', 'index_put', 'index_put_',
+    'window gather/scatter': {'index_select', 'index', 'index_put', 'index_put_', 'index_fill',
+                              'index_fill_',
                               '_index_put_impl_', 'gather', 'scatter', 'scatter_add',
                               'scatter_add_', 'index_add', 'index_add_', 'roll',
                               'embedding', 'embedding_dense_backward'},
@@ -179,6 +181,8 @@ class WorkCounter(TorchDispatchMode):
             kind = 'bias prefill' if 'addmm' in name or 'baddbmm' in name else 'attention'
         elif name in _NO_TRAFFIC or _is_view(func):
             return out
+        elif name in ('index_fill', 'index_fill_'):  # reads the index, writes the slices it names
+            moved, kind = _index_fill_bytes(name, args), 'window gather/scatter'
         else:
             reads = _tensors(args) + _tensors({k: v for k, v in kwargs.items() if k != 'out'})
             moved = sum(_tensor_bytes(t) for t in reads + _tensors(out))
@@ -197,6 +201,14 @@ class WorkCounter(TorchDispatchMode):
 
 
 _SKIPPABLE = {'mm', 'addmm', 'addmm_', 'bmm', 'baddbmm', 'baddbmm_'}
+
+
+def _index_fill_bytes(name: str, args) -> int:
+    """index_fill(x, dim, index, value): the index and the slices of x it names, written; out
+    of place, x is first copied (read and written) as well."""
+    x, dim, index = args[0], args[1], args[2]
+    slices = x.numel() // max(x.shape[dim], 1) * index.numel() * x.element_size()
+    return _tensor_bytes(index) + slices + (0 if name.endswith('_') else 2 * _tensor_bytes(x))
 
 
 def _reduction_cast_bytes(name: str, args, kwargs) -> int:

@@ -245,13 +245,13 @@ class ShiftWindowMSA(nn.Module):
         if plan is None:
             plan = self.plan(hw_shape, None, query)
         n = self.window_size[0] * self.window_size[1]
+        index, zeros = plan.window_index()
 
         def to_windows(t: Tensor) -> Tensor:
-            # Pad, roll and partition in one gather; padding reads a zero row, as the
-            # reference pads after the norm.
+            # Pad, roll and partition in one gather; padding is zero tokens, as the reference
+            # pads after the norm.
             t = norm(t) if norm is not None else t
-            return gather_tokens(t, plan.gather, plan.scatter, plan.needs_pad_row,
-                                 False).view(-1, n, c)
+            return gather_tokens(t, index, plan.scatter, zeros, False).view(-1, n, c)
 
         qkv = linear_with_recomputed_input(
             query, to_windows, list(norm.parameters()) if norm is not None else [],
@@ -259,8 +259,7 @@ class ShiftWindowMSA(nn.Module):
         windows = self.w_msa.attention(qkv, plan.mask, plan.num_windows)
         # Tokens back in map order before the projection (a per-token map, so the order is
         # free): padding is dropped first, and the projection can add the residual itself.
-        x = gather_tokens(windows.view(b, -1, c), plan.scatter, plan.gather, False,
-                          plan.needs_pad_row)
+        x = gather_tokens(windows.view(b, -1, c), plan.scatter, index, False, zeros)
         proj = self.w_msa.proj
         if residual is not None and post_norm is None and not _drops(self.w_msa.proj_drop,
                                                                      self.drop):

@@ -50,11 +50,14 @@ dtype: its epilogue adds the bias and applies GELU, two passes of the 4C-wide ou
 MKL's product and a GELU pass (``tools/kernel_rule_cost.py`` on Zen 3: 423 against 543 ms over
 Swin-T's fc1s at 512x512 b2); ``SWIN_RPE_LINEAR_GELU`` forces it (on the Intel AMX machine: 144
 against 164 ms in float32, 46 against 75 in bf16). A third, ``attention`` (the CPU path's window
-attention forward), is SDPA's flash kernel everywhere measured: on the Xeon with AMX (2026-12-02,
-512x512 b2, idle) it took 69 ms over Swin-T's blocks against 89 for the explicit per-image products
-in float32, and 57 against 87 in bf16. The issue-25 profile of the AVX2 Zen 3 suggests the explicit
-products there (mmdet's bmm + softmax took 8.5% of an inference against our flash kernel's 15.5%),
-not yet measured with the tool; ``SWIN_RPE_ATTENTION=flash|explicit`` forces one.
+attention forward), is SDPA's flash kernel except in bf16 on AMD AVX-512, where the explicit
+per-image products win: on the Xeon with AMX (2026-12-02, 512x512 b2, idle) flash took 69 ms over
+Swin-T's blocks against 89 for the explicit products in float32, and 57 against 87 in bf16; on AMD
+Zen 5 (family/model 26/2, avx512_bf16 without AMX; 2026-12-02, same case) 75 against 98 in float32
+but 82 against 57 in bf16, the explicit products faster in every block. The issue-25 profile of
+the AVX2 Zen 3 suggests the explicit products there too (mmdet's bmm + softmax took 8.5% of an
+inference against our flash kernel's 15.5%), not yet measured with the tool;
+``SWIN_RPE_ATTENTION=flash|explicit`` forces one.
 
 Imports torch only.
 """
@@ -158,7 +161,8 @@ _CPU_CLASSES = [f'{vendor}-{isa}' for vendor in ('amd', 'intel', 'other')
 # product there; on Intel with AMX it is F.linear's too, which was faster there (see the
 # module docstring). fc1 + GELU at inference is oneDNN's wherever oneDNN has the dtype: the
 # fused epilogue saves two passes of the 4C-wide output (tools/kernel_rule_cost.py, Zen 3:
-# see its docstring). The attention forward is the flash kernel's everywhere (the default).
+# see its docstring). The attention forward is the flash kernel's (the default) but in bf16 on
+# AMD AVX-512 (Zen 5), where the explicit products took 57 ms against flash's 82.
 KERNEL_RULES: Dict[tuple, str] = {
     ('linear', 'cpu', torch.float32, 'amd-avx512'): 'onednn',
     ('linear', 'cpu', torch.bfloat16, 'amd-avx512'): 'onednn',
@@ -166,6 +170,7 @@ KERNEL_RULES: Dict[tuple, str] = {
     **{('linear_gelu', 'cpu', torch.float32, cpu): 'onednn' for cpu in _CPU_CLASSES},
     **{('linear_gelu', 'cpu', torch.bfloat16, cpu): 'onednn' for cpu in _CPU_CLASSES
        if cpu.endswith('avx512')},
+    ('attention', 'cpu', torch.bfloat16, 'amd-avx512'): 'explicit',
 }
 DEFAULT_KERNELS = {'linear': 'mkl', 'linear_gelu': 'mkl', 'attention': 'flash'}
 _forced_kernels: Dict[str, Optional[str]] = {}

@@ -4,7 +4,9 @@ Pad -> roll -> partition and its inverse are pure data movement, the same for ev
 stage. A plan turns each direction into one gather over the token axis:
 - ``gather`` [nW * N]: for each window token (windows in plan order, tokens row-major), the
   index of the token of the unpadded [H * W] map it holds, or H * W for padding (a zero row the
-  caller appends);
+  caller appends); eager plans also give ``gather_rows`` (the same with any valid row at the
+  padding) and ``pad_positions`` (where the padding is), so the gather need not copy the map
+  to append that row (:meth:`WindowPlan.window_index`);
 - ``scatter`` [H * W]: for each token of the map, its position in the window order.
 Windows are ordered unmasked first, masked last, so the unmasked ones run attention with the
 bias alone and only the few masked ones (last window row and column) need a mask.
@@ -21,7 +23,7 @@ Tracers and exporters (ONNX, torch.export, torch.compile) take it, so sizes may 
 Imports torch only.
 """
 from functools import lru_cache
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -39,6 +41,16 @@ class WindowPlan(NamedTuple):
     needs_pad_row: bool  # gather refers to the appended zero row
     num_windows: int  # nW per image
     mask: Optional[Tensor]  # [nM, N, N] (or [B, nM, N, N] per image) for the last nM windows
+    gather_rows: Optional[Tensor] = None  # gather with row 0 at the padding (eager plans)
+    pad_positions: Optional[Tensor] = None  # [P] long: where gather holds H * W
+
+    def window_index(self) -> Tuple[Tensor, Union[bool, Tensor]]:
+        """(index, zeros) for ``gather_tokens`` into window order: the padding's positions
+        where the plan has them (one gather, no copy of the map), else the appended zero row
+        (traceable plans)."""
+        if self.pad_positions is not None:
+            return self.gather_rows, self.pad_positions
+        return self.gather, self.needs_pad_row
 
 
 def window_plan(hw: Tuple[int, int], window_size, shift_size=(0, 0),
@@ -60,8 +72,10 @@ def window_plan(hw: Tuple[int, int], window_size, shift_size=(0, 0),
     device = torch.get_default_device() if device is None else torch.device(device)
     if device.type == 'cpu':
         return plan
-    return plan._replace(gather=plan.gather.to(device), scatter=plan.scatter.to(device),
-                         mask=None if plan.mask is None else plan.mask.to(device))
+    moved = {name: getattr(plan, name).to(device) for name in
+             ('gather', 'scatter', 'mask', 'gather_rows', 'pad_positions')
+             if getattr(plan, name) is not None}
+    return plan._replace(**moved)
 
 
 def _cpu_window_plan(hw, window_size, shift_size, valid_hw, dtype: torch.dtype) -> WindowPlan:
@@ -99,7 +113,10 @@ def _cpu_window_plan(hw, window_size, shift_size, valid_hw, dtype: torch.dtype) 
     real = gather < h * w
     scatter = torch.empty(h * w, dtype=torch.long, device=device)
     scatter[gather[real]] = torch.nonzero(real)[:, 0]
-    return WindowPlan(gather, scatter, bool((~real).any()), windows.shape[0], mask)
+    if real.all():
+        return WindowPlan(gather, scatter, False, windows.shape[0], mask)
+    return WindowPlan(gather, scatter, True, windows.shape[0], mask,
+                      torch.where(real, gather, 0), torch.nonzero(~real)[:, 0])
 
 
 @lru_cache(maxsize=64)

@@ -3,7 +3,7 @@
 Padding is bottom/right ("corner"), as in mmdet/mmseg, so that token (0, 0) stays at the
 top-left and unpadded sizes are recovered by cropping. Imports torch only.
 """
-from typing import Tuple
+from typing import Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +13,9 @@ from .relative_position import to_window_tuple
 
 __all__ = ['padded_size', 'pad_to_window', 'window_partition', 'window_unpartition',
            'gather_tokens']
+
+# Where a gather's output has zero tokens: nowhere, where the index holds L, or these positions.
+Zeros = Union[bool, Tensor]
 
 
 def padded_size(hw: Tuple[int, int], window_size) -> Tuple[int, int]:
@@ -79,11 +82,12 @@ def window_unpartition(windows: Tensor, window_size, padded_hw: Tuple[int, int],
 
 
 class _GatherTokens(torch.autograd.Function):
-    """x[:, index] with index == L meaning a zero token; backward gathers with the inverse."""
+    """x[:, index] with zero tokens where ``zero_in_index`` says; backward gathers with the
+    inverse."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, index: Tensor, inverse: Tensor, zero_in_index: bool,
-                zero_in_inverse: bool) -> Tensor:
+    def forward(ctx, x: Tensor, index: Tensor, inverse: Tensor, zero_in_index: Zeros,
+                zero_in_inverse: Zeros) -> Tensor:
         ctx.save_for_backward(inverse)
         ctx.zero_in_inverse = zero_in_inverse
         return _gather(x, index, zero_in_index)
@@ -94,22 +98,30 @@ class _GatherTokens(torch.autograd.Function):
         return _gather(grad.contiguous(), inverse, ctx.zero_in_inverse), None, None, None, None
 
 
-def _gather(x: Tensor, index: Tensor, zero_row: bool) -> Tensor:
-    return (F.pad(x, (0, 0, 0, 1)) if zero_row else x).index_select(1, index)
+def _gather(x: Tensor, index: Tensor, zeros: Zeros) -> Tensor:
+    if isinstance(zeros, Tensor):
+        # One gather, then the few zero tokens written: appending the zero row instead copies
+        # all of x first (a read and a write of every token, for one row).
+        return x.index_select(1, index).index_fill_(1, zeros, 0)
+    return (F.pad(x, (0, 0, 0, 1)) if zeros else x).index_select(1, index)
 
 
-def gather_tokens(x: Tensor, index: Tensor, inverse: Tensor, zero_in_index: bool = False,
-                  zero_in_inverse: bool = False) -> Tensor:
+def gather_tokens(x: Tensor, index: Tensor, inverse: Tensor, zero_in_index: Zeros = False,
+                  zero_in_inverse: Zeros = False) -> Tensor:
     """Reorder the tokens of [B, L, C], inserting zero tokens where index says so.
 
     Args:
         x: [B, L, C].
-        index: [L'] source token of each output token; the value L means a zero token
-            (then zero_in_index must be True).
-        inverse: [L] position of each input token in the output; the value L' means the
-            output drops the token (then zero_in_inverse must be True). Each input token
-            appears at most once in the output, so the gradient is again a gather, instead of
-            the scatter-add autograd would run for an index.
+        index: [L'] source token of each output token.
+        inverse: [L] position of each input token in the output. Each input token appears at
+            most once in the output, so the gradient is again a gather, instead of the
+            scatter-add autograd would run for an index.
+        zero_in_index: where the output has zero tokens (padding). False: nowhere. True: where
+            index holds L (x is copied with a zero row appended; tracers take this). A tensor:
+            the output positions of the zero tokens, index holding any valid row there (one
+            gather, the zeros written after it): a plan's ``window_index()``.
+        zero_in_inverse: the same for inverse (the output drops those tokens, so the
+            gradient has zeros there): False, True (inverse holds L') or positions.
 
     Returns:
         [B, L', C].

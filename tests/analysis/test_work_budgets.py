@@ -103,9 +103,25 @@ def test_fc1_with_gelu_on_onednn_moves_nothing_outside_the_product():
     x, weight, bias = torch.randn(3136, 96), torch.randn(384, 96), torch.randn(384)
     with force_kernel('linear_gelu', 'onednn'), torch.no_grad():
         fused = count_work(lambda x: linear(x, weight, bias, gelu=True), x)
-    with force_kernel('linear_gelu', 'mkl'), torch.no_grad():
+    # MKL's product for the unfused case on every CPU (the 'linear' rule names oneDNN, whose
+    # epilogue adds the bias, on AMD AVX-512).
+    with force_kernel('linear_gelu', 'mkl'), force_kernel('linear', 'mkl'), torch.no_grad():
         plain = count_work(lambda x: linear(x, weight, bias, gelu=True), x)
     out_bytes = 3136 * 384 * 4
     assert fused['bytes_outside'] == 0 and fused['product_flops'] == 2 * 3136 * 96 * 384
     # MKL: the bias copied in and read back by the product, then GELU reads and writes
     assert plain['bytes_outside'] == 2 * out_bytes + 384 * 4 + 2 * out_bytes
+
+
+@pytest.mark.parametrize('mode', ['infer', 'train'])
+def test_padded_windows_copy_no_map(mode):
+    """At 96 x 96 every stage's map (24, 12, 6, 3) pads to whole windows. The window gathers
+    write their few padding tokens in place (index_fill_) instead of copying the whole map
+    with a zero row appended (constant_pad_nd), forward and backward, on both paths."""
+    with force_kernel('linear', 'mkl'):
+        sides = backbone_work('tiny', (96, 96), 1, mode, 'fp32', profiles=True)['sides']
+    for side in ('ours', 'ours_generic'):
+        by_op = sides[side]['by_op']
+        assert not any(op.startswith('constant_pad_nd') for op in by_op), by_op
+        assert by_op['index_fill_ (window gather/scatter)'] > 0
+    assert any(op.startswith('constant_pad_nd') for op in sides['mmdet']['by_op'])

@@ -114,6 +114,11 @@ def test_kernel_choice_is_a_fixed_rule_and_can_be_forced(monkeypatch):
         assert choose_kernel('linear', 'cpu', fp32, 'amd-avx512') == 'mkl'
     with force_kernel('linear', 'onednn'):
         assert choose_kernel('linear', 'cpu', fp32, 'amd-avx2') == 'onednn'
+    # The attention forward: flash everywhere but bf16 on AMD AVX-512 (Zen 5's measurement).
+    for cpu in ('amd-avx512', 'intel-avx512', 'amd-avx2', 'intel-avx2', 'other-avx512'):
+        assert choose_kernel('attention', 'cpu', fp32, cpu) == 'flash'
+        assert choose_kernel('attention', 'cpu', bf16, cpu) == \
+            ('explicit' if cpu == 'amd-avx512' else 'flash')
     monkeypatch.setenv('SWIN_RPE_LINEAR', 'mkl')
     assert choose_kernel('linear', 'cpu', torch.float32) == 'mkl'
     monkeypatch.setenv('SWIN_RPE_LINEAR', 'blas')
