@@ -13,8 +13,9 @@ forward and backward, and under ``saved_tensors_hooks`` and the profiler's memor
   the output on CPU (ATen's ``addmm_impl_cpu_``), and the product then reads it back (beta = 1):
   two passes of the output, one for the in-place ``addmm_`` (kind "bias prefill"),
   and SDPA's fused kernels read the mask and write the softmax statistics; oneDNN's linear
-  adds its bias (and GELU, where fused) in the product's epilogue and counts nothing; a sum
-  or mean into another dtype first casts its whole input (a pass its operands do not show);
+  adds its bias (and GELU, where fused) in the product's epilogue and counts nothing, and a
+  residual added there (its binary post-op) counts one read of it; a sum or mean into another
+  dtype first casts its whole input (a pass its operands do not show);
   ``index_fill_`` reads its index and writes only the slices it names;
 - **registered ops are not fused kernels**: a ``swin_rpe::`` op is counted through its Python
   implementation, operator by operator (only the aten kernels it calls are kernels). The
@@ -173,7 +174,13 @@ class WorkCounter(TorchDispatchMode):
             out = _unwritten(func, args, kwargs)
         else:
             out = func(*args, **kwargs)
-        if name in _PRODUCTS:
+        if name == '_linear_pointwise' and func._overloadname == 'binary':
+            # (x, other, weight, bias, attr): the epilogue reads ``other`` as it writes
+            flops = _product_flops(name, (args[0], *args[2:]), out)
+            self.product_flops += flops
+            self.flops_by_op[name] += flops
+            moved, kind = _tensor_bytes(args[1]), 'residual/elementwise'
+        elif name in _PRODUCTS:
             flops = _product_flops(name, args, out)
             self.product_flops += flops
             self.flops_by_op[name] += flops

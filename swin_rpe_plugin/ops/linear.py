@@ -28,6 +28,7 @@ __all__ = ['linear', 'linear_residual', 'fuses_residual', 'onednn_available']
 
 _OP = getattr(torch.ops.mkldnn, '_linear_pointwise', None) if hasattr(torch.ops, 'mkldnn') \
     else None
+_OP_BINARY = getattr(_OP, 'binary', None)  # + a tensor in the epilogue (linear_residual)
 _MKLDNN = torch.backends.mkldnn.is_available()
 # oneDNN has bf16 inner products only on CPUs with native bf16 (avx512_bf16, AMX): elsewhere
 # (an AVX2-only Zen 3, say) it cannot create the primitive, and bf16 products take F.linear.
@@ -51,9 +52,14 @@ def onednn_available(x: Tensor, kind: str = 'linear') -> bool:
 
 
 
-def _onednn(x: Tensor, weight: Tensor, bias: Optional[Tensor], attr: str = 'none') -> Tensor:
+def _onednn(x: Tensor, weight: Tensor, bias: Optional[Tensor], attr: str = 'none',
+            residual: Optional[Tensor] = None) -> Tensor:
     shape = x.shape
-    out = _OP(x.reshape(-1, shape[-1]), weight, bias, attr, [], 'none' if attr == 'gelu' else '')
+    flat = x.reshape(-1, shape[-1])
+    if residual is not None:  # the binary 'add' epilogue reads it as the output is written
+        out = _OP.binary(flat, residual.reshape(-1, weight.shape[0]), weight, bias, 'add')
+    else:
+        out = _OP(flat, weight, bias, attr, [], 'none' if attr == 'gelu' else '')
     return out.view(*shape[:-1], weight.shape[0])
 
 
@@ -67,27 +73,35 @@ def _product(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
 # The product as a registered op (shape function and backward beside it), so torch.compile sees
 # one opaque call and keeps the oneDNN kernel instead of switching the fast path off.
 @torch.library.custom_op('swin_rpe::linear', mutates_args=())
-def _linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], gelu: bool) -> Tensor:
-    """x @ weight.T (+ bias), then exact GELU if ``gelu`` (fused: no gradient for it)."""
+def _linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], gelu: bool,
+               residual: Optional[Tensor] = None) -> Tensor:
+    """x @ weight.T (+ bias), then exact GELU if ``gelu`` (fused: no gradient for it), or
+    ``+ residual`` (of the output's shape and dtype) in the product's epilogue."""
     if gelu:  # the fused epilogue is oneDNN's alone
         if choose_kernel('linear_gelu', x.device.type, x.dtype) == 'onednn':
             return _onednn(x, weight, bias, 'gelu')
         return F.gelu(F.linear(x, weight, bias))
+    if residual is not None:
+        if choose_kernel('linear', x.device.type, x.dtype) == 'onednn':
+            return _onednn(x, weight, bias, residual=residual)
+        return residual + F.linear(x, weight, bias)
     return _product(x, weight, bias)
 
 
 @_linear_op.register_fake
-def _(x: Tensor, weight: Tensor, bias: Optional[Tensor], gelu: bool) -> Tensor:
+def _(x: Tensor, weight: Tensor, bias: Optional[Tensor], gelu: bool,
+      residual: Optional[Tensor] = None) -> Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def _linear_setup(ctx, inputs, output) -> None:
-    x, weight, bias, gelu = inputs
+    x, weight, bias, gelu, residual = inputs
     if gelu:
         raise RuntimeError('swin_rpe::linear with gelu=True has no gradient: call it under '
                            'no_grad, or apply F.gelu to its output')
     ctx.save_for_backward(x, weight)
     ctx.has_bias = bias is not None
+    ctx.has_residual = residual is not None
 
 
 def _linear_backward(ctx, grad: Tensor):
@@ -100,7 +114,8 @@ def _linear_backward(ctx, grad: Tensor):
         grad_w = grad2d.t() @ x.reshape(-1, x.shape[-1])
     if ctx.has_bias and ctx.needs_input_grad[2]:
         grad_b = grad2d.sum(0)
-    return grad_x, grad_w, grad_b, None
+    grad_residual = grad if ctx.has_residual and ctx.needs_input_grad[4] else None
+    return grad_x, grad_w, grad_b, None, grad_residual
 
 
 _linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
@@ -163,12 +178,17 @@ def _needs_grad(*tensors: Optional[Tensor]) -> bool:
 
 
 def fuses_residual(x: Tensor, residual: Tensor) -> bool:
-    """True where :func:`linear_residual` runs as one product into the residual: float32
-    products (no autocast: a bf16 product cannot accumulate into the float32 stream), the
-    plain library's ``addmm`` (oneDNN adds its bias in the epilogue instead), not traced."""
-    return (compute_dtype(x) == torch.float32 and x.dtype == residual.dtype == torch.float32
-            and not onednn_available(x) and not torch.jit.is_tracing()
-            and not torch.compiler.is_exporting())
+    """True where :func:`linear_residual` adds the residual inside the product: oneDNN's
+    binary epilogue where the rule names oneDNN and the residual has the product's dtype
+    (the float32 stream, or a bf16 one under bf16 autocast: the epilogue adds before the
+    output is rounded), else the plain library's ``addmm_`` into the residual for float32
+    products (no autocast: a bf16 product cannot accumulate into a float32 stream); never
+    traced or exported."""
+    if torch.jit.is_tracing() or torch.compiler.is_exporting():
+        return False
+    if onednn_available(x):
+        return _OP_BINARY is not None and residual.dtype == compute_dtype(x)
+    return compute_dtype(x) == torch.float32 and x.dtype == residual.dtype == torch.float32
 
 
 def linear_residual(x: Tensor, weight: Tensor, bias: Optional[Tensor],
@@ -176,16 +196,24 @@ def linear_residual(x: Tensor, weight: Tensor, bias: Optional[Tensor],
     """``residual + F.linear(x, weight, bias)``, with the residual added by the product itself.
 
     ``F.linear`` on CPU copies the bias into its output and the product adds onto it (two
-    passes of the output), and the residual add is three more (two reads, one write). Here the
-    bias is added to the residual in one pass and the product accumulates into that sum in
-    place (``addmm_``, beta = 1): three passes instead of five, on any device. Autograd sees
-    add + addmm_, whose backwards keep only x (and the weight), as ``F.linear`` does.
+    passes of the output), and the residual add is three more (two reads, one write). Where
+    the rule names oneDNN, its epilogue adds bias and residual as the output is written (one
+    read of the residual; ``swin_rpe::linear``, whose backward keeps x and the weight).
+    Elsewhere the bias is added to the residual in one pass and the product accumulates into
+    that sum in place (``addmm_``, beta = 1): three passes instead of five, on any device.
+    Autograd sees add + addmm_, whose backwards keep only x (and the weight), as ``F.linear``
+    does.
 
     Args:
         x: [..., C_in]; weight: [C_out, C_in]; bias: [C_out] or None; residual: [..., C_out].
     """
     if not fuses_residual(x, residual):
         return residual + linear(x, weight, bias)
+    if onednn_available(x):
+        dtype = compute_dtype(x)
+        return _linear_op(x.to(dtype), _cast_parameter(weight, dtype),
+                          None if bias is None else _cast_parameter(bias, dtype), False,
+                          residual)
     # 2-D from the start: addmm_ on a view of the sum would make autograd rebase the view.
     flat = residual.reshape(-1, residual.shape[-1])
     out = flat + bias if bias is not None else flat.clone()

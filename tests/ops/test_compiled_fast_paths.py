@@ -93,6 +93,8 @@ def test_registered_ops_pass_opcheck():
     x, w, b = torch.randn(5, 7, 12, requires_grad=True), torch.randn(9, 12, requires_grad=True), \
         torch.randn(9, requires_grad=True)
     torch.library.opcheck(_linear_op, (x, w, b, False))
+    residual = torch.randn(5, 7, 9, requires_grad=True)
+    torch.library.opcheck(_linear_op, (x, w, b, False, residual))
     with torch.no_grad():
         torch.library.opcheck(_linear_op, (x.detach(), w.detach(), b.detach(), True))
     q, k, v = (torch.randn(4, 2, 6, 8, requires_grad=True) for _ in range(3))

@@ -142,6 +142,37 @@ def test_forced_kernel_serves_every_product(kernel, monkeypatch):
     assert len(calls) == (2 if kernel == 'onednn' else 0)
 
 
+@pytest.mark.parametrize('kernel', ['onednn', 'mkl'])
+def test_linear_residual_adds_inside_the_product_on_either_library(kernel):
+    """residual + F.linear(x, w, b), values and gradients, with the residual added by the
+    product: oneDNN's epilogue reads it once as the output is written; MKL's addmm_
+    accumulates into bias + residual (one pass to make the sum, one for the product's re-read).
+    Counted exactly: nothing else moves."""
+    from swin_rpe_plugin.analysis.work import count_work
+    from swin_rpe_plugin.ops import linear_residual
+    from swin_rpe_plugin.ops.dispatch import force_kernel
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 49, 32), torch.randn(24, 32), torch.randn(24)
+    residual = torch.randn(2, 49, 24)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b, residual)]
+    with force_kernel('linear', kernel):
+        out = linear_residual(*leaves[:3], leaves[3])
+        with torch.no_grad():
+            work = count_work(lambda r: linear_residual(x, w, b, r), residual)
+    reference = [t.clone().requires_grad_() for t in (x, w, b, residual)]
+    expected = reference[3] + torch.nn.functional.linear(*reference[:3])
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected.backward(grad)
+    for ours, ref in zip(leaves, reference):
+        torch.testing.assert_close(ours.grad, ref.grad, atol=1e-4, rtol=1e-5)
+    size = residual.numel() * 4
+    moved = size if kernel == 'onednn' else 3 * size + b.numel() * 4
+    assert work['bytes_outside'] == moved, work['bytes_by_kind']
+    assert work['product_flops'] == 2 * x.numel() * w.shape[0]
+
+
 @pytest.mark.parametrize('grad', [False, True])
 def test_bf16_linear_runs_on_any_cpu(grad):
     """oneDNN's bf16 inner product exists only with native bf16; elsewhere F.linear serves it.
