@@ -12,7 +12,8 @@ peak memory of each side in a fresh child process, output diffs, GFLOPs and the 
 this machine's matmul peak in the record's dtype, timed in the same rounds):
 - v1 archs: mmdet 3.3's SwinTransformer against ours; v2-*: transformers' Swinv2Model against
   our SwinTransformerV2 (transformers importable from PYTHONPATH, else one skip line);
-- --compile: both backbones under torch.compile (training and inference) beside our eager step;
+- --compile: both backbones under torch.compile (training and inference, every dtype) beside our
+  eager step;
 - --runtime: mmdet's fixed-size export and our dynamic export in that runtime, per precision the
   CPU runs, beside both eager models (inference);
 - --detector: the stock Mask R-CNN / UperNet Swin-T configs with our backbone swapped in, same
@@ -73,7 +74,7 @@ def parse_args(argv=None):
                    help='a minute on 2 cores: 224x224 batch 1, 2 repeats, no compile, no '
                    'memory runs (each memory run is a fresh process importing mmdet)')
     p.add_argument('--compile', dest='compile_lines', action='store_true', default=None,
-                   help='add torch.compile lines (train and infer) for the last shape (default: '
+                   help='add torch.compile lines (train and infer, every dtype) for the last shape (default: '
                    'on unless --quick)')
     p.add_argument('--no-compile', dest='compile_lines', action='store_false')
     p.add_argument('--no-memory', action='store_true', help='skip the child-process memory runs')
@@ -159,11 +160,11 @@ def jobs_of(args, dtypes):
                       lambda s=s, b=b, d=d: backbone_comparison(
                           args.arch, s, b, 'infer', d, ours_kwargs={'mask_padding': True}), True)
                      for d in dtypes for s, b in cases]
-        if compile_lines and dtypes:  # compiling Swin-T takes minutes: the last shape only
-            jobs += [(f'{s[0]}x{s[1]} b{b} {m} {dtypes[0]} compile',
-                      lambda s=s, b=b, m=m: backbone_comparison(args.arch, s, b, m, dtypes[0],
-                                                                compile_model=True), False)
-                     for s, b in cases[-1:] for m in modes]
+        if compile_lines:  # compiling Swin-T takes minutes: the last shape only, every dtype
+            jobs += [(f'{s[0]}x{s[1]} b{b} {m} {d} compile',
+                      lambda s=s, b=b, m=m, d=d: backbone_comparison(args.arch, s, b, m, d,
+                                                                     compile_model=True), False)
+                     for d in dtypes for s, b in cases[-1:] for m in modes]
     if args.detector and not args.runtime_only:
         from swin_rpe_plugin.analysis.benchmark_detector import (DEFAULT_CASES,
                                                                   detector_comparison)
