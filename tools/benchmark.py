@@ -74,8 +74,8 @@ def parse_args(argv=None):
                    help='a minute on 2 cores: 224x224 batch 1, 2 repeats, no compile, no '
                    'memory runs (each memory run is a fresh process importing mmdet)')
     p.add_argument('--compile', dest='compile_lines', action='store_true', default=None,
-                   help='add torch.compile lines (train and infer, every dtype) for the last shape (default: '
-                   'on unless --quick)')
+                   help='add torch.compile lines (train and infer, every dtype) for the last '
+                   'shape (default: on unless --quick)')
     p.add_argument('--no-compile', dest='compile_lines', action='store_false')
     p.add_argument('--no-memory', action='store_true', help='skip the child-process memory runs')
     p.add_argument('--mask-padding', action='store_true',
