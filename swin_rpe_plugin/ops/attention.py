@@ -3,7 +3,8 @@
 Fused paths: the CPU fast path and the generic path of every other device (``dispatch.py``) both
 split each image's windows into unmasked ones (one SDPA call, the broadcast bias) and masked
 ones (one call, bias + mask [nM, heads, N, N]), and without dropout both run the registered op
-``swin_rpe::window_attention``, whose backward recomputes the attention per image from q, k, v,
+``swin_rpe::window_attention``, whose backward recomputes the attention per chunk of an image's
+windows from q, k, v,
 bias and mask. They differ only in the dtype bias + mask is passed in (below). The rule for bf16
 backward products (:data:`NATIVE_PRODUCTS`) describes this CPU, so it applies to CPU tensors on
 either path; other devices run the backward products in the forward's dtype. Under tracers and
@@ -125,7 +126,7 @@ def _generic(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tenso
     for the unmasked windows with the broadcast [1, heads, N, N] bias and one for the masked
     ones with their [nM, heads, N, N] bias + mask), so bias + mask is never materialised for
     every window of every image, and each device runs its own SDPA kernels. Without dropout
-    it is the registered op (forward those calls, backward recomputed per image, pure
+    it is the registered op (forward those calls, backward recomputed per chunk of windows, pure
     PyTorch), so backward keeps only q, k, v, bias and mask: no attention matrix, no SDPA
     output or logsumexp. With dropout the random mask is drawn inside SDPA and cannot be
     replayed, so autograd runs through the same SDPA calls and keeps what their kernels
@@ -182,7 +183,7 @@ def _cpu_fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Ten
     if dropout_p == 0 and not torch.jit.is_tracing():
         # SDPA's CPU flash kernel has no gradient for the mask, so autograd would fall back
         # to the math path, which keeps every attention matrix for the backward. The op runs
-        # the flash forward and recomputes the attention matrices one image at a time backward;
+        # the flash forward and recomputes the attention matrices a chunk at a time backward;
         # registered, so torch.compile calls it as it is.
         return _attention_op(q, k, v, bias, mask, scale, nw)
     return _fused(q, k, v, bias, mask, scale, dropout_p, nw)
@@ -318,19 +319,34 @@ def _flat(t: Tensor) -> Tensor:
     return t.reshape(-1, t.shape[-2], t.shape[-1])
 
 
-def _image_mask(mask: Optional[Tensor], image: int) -> Optional[Tensor]:
-    """The [nM, N, N] mask of one image's last nM windows (one for all images, or its own)."""
-    if mask is None:
-        return None
-    return mask[image] if mask.dim() == 4 else mask
+# Window-heads' N x N matrices per chunk of the loops below (about 4 MiB in float32): the
+# chunk's logits, probabilities and their gradients stay near the cache, and the transient
+# memory no longer grows with the image (per image, the backward of an 800x1216 image's first
+# stage made 147 MB of them at once).
+CHUNK_ELEMENTS = 1 << 20
+
+
+def _window_chunks(bw: int, nw: int, mask: Optional[Tensor], heads: int, n: int):
+    """(lo, hi, mask of the chunk's last windows or None): consecutive windows of one image,
+    as many as keep ``windows * heads * N * N`` within :data:`CHUNK_ELEMENTS` (at least one).
+    Each image's mask ([nM, N, N], or [B, nM, N, N] one per image) covers its last nM
+    windows; a chunk gets the rows of the masked windows it holds, which are again its last."""
+    per = max(1, CHUNK_ELEMENTS // (heads * n * n))
+    for image, start in enumerate(range(0, bw, nw)):
+        image_mask = None if mask is None else (mask[image] if mask.dim() == 4 else mask)
+        cut = start + nw - (0 if mask is None else image_mask.shape[0])  # first masked
+        for lo in range(start, start + nw, per):
+            hi = min(lo + per, start + nw)
+            first = max(lo, cut)
+            yield lo, hi, (image_mask[first - cut:hi - cut] if first < hi else None)
 
 
 def _image_probabilities(qi: Tensor, ki: Tensor, bias: Tensor, mask: Optional[Tensor],
                          nw: int) -> Tensor:
-    """softmax(qi ki^T + bias + mask) of one image's nW windows, [nW * heads, N, N] in bias's
-    dtype (float32, or float64): qi pre-scaled and ki dense, [nW * heads, N, d], in the
-    products' dtype; the mask covers the last nM windows. The bias add is the cast too: one
-    pass from the product's dtype to the softmax's."""
+    """softmax(qi ki^T + bias + mask) of nW consecutive windows of one image, [nW * heads, N,
+    N] in bias's dtype (float32, or float64): qi pre-scaled and ki dense, [nW * heads, N, d],
+    in the products' dtype; the mask covers the last nM of the nW windows. The bias add is
+    the cast too: one pass from the product's dtype to the softmax's."""
     heads, n = bias.shape[0], bias.shape[-1]
     logits = torch.add(torch.bmm(qi, ki.transpose(1, 2)).view(nw, heads, n, n), bias)
     if mask is not None:
@@ -340,8 +356,9 @@ def _image_probabilities(qi: Tensor, ki: Tensor, bias: Tensor, mask: Optional[Te
 
 def _explicit_per_image(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
                         scale: float, nw: int) -> Tensor:
-    """The CPU path's forward by explicit products, one image at a time (the matrices stay
-    per image, as in the backward, whose :func:`_image_probabilities` it shares): q k^T, the
+    """The CPU path's forward by explicit products, a chunk of one image's windows at a time
+    (:func:`_window_chunks`, as in the backward, whose :func:`_image_probabilities` it
+    shares): q k^T, the
     bias (+ mask) added in float32, softmax in float32, @ v. Products in q's dtype where the
     CPU multiplies it natively (:func:`backward_product_dtype`), else float32; the output in
     q's dtype and the layout the projection takes, [B * nW, N, heads * head_dim]. The rule
@@ -351,15 +368,14 @@ def _explicit_per_image(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Opt
     mask = None if mask is None else _underflowing(mask)
     bw, heads, n, head_dim = q.shape
     out = torch.empty(bw, n, heads, head_dim, dtype=q.dtype, device=q.device)
-    for image, lo in enumerate(range(0, bw, nw)):
-        hi = lo + nw
+    for lo, hi, chunk_mask in _window_chunks(bw, nw, mask, heads, n):
         # One pass each makes the strided views of the qkv output dense (q scaled on the way).
         qi = _flat(torch.mul(q[lo:hi], scale, out=torch.empty(
-            nw, heads, n, head_dim, dtype=product, device=q.device)))
+            hi - lo, heads, n, head_dim, dtype=product, device=q.device)))
         ki, vi = (_flat(t[lo:hi].to(product, memory_format=torch.contiguous_format))
                   for t in (k, v))
-        p = _image_probabilities(qi, ki, bias, _image_mask(mask, image), nw)
-        o = torch.bmm(p.to(product), vi).view(nw, heads, n, head_dim)
+        p = _image_probabilities(qi, ki, bias, chunk_mask, hi - lo)
+        o = torch.bmm(p.to(product), vi).view(hi - lo, heads, n, head_dim)
         out[lo:hi].copy_(o.transpose(1, 2))
     return out.view(bw, n, heads * head_dim)
 
@@ -385,7 +401,8 @@ def backward_product_dtype(dtype: torch.dtype, device_type: str = 'cpu') -> torc
 def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
                            mask: Optional[Tensor], scale: float,
                            nw: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dbias): softmax(q k^T s + bias + mask) recomputed per image.
+    """(dq, dk, dv, dbias): softmax(q k^T s + bias + mask) recomputed a chunk of one image's
+    windows at a time (:func:`_window_chunks`).
 
     Pure PyTorch on q's device (every tensor made here is made there). The batched products
     run in q's dtype (bf16 under autocast: bf16 operands, float32 accumulation, as the
@@ -414,20 +431,19 @@ def _attention_backward_impl(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, 
     dq, dk, dv = (torch.empty(bw, heads, n, head_dim, dtype=product, device=q.device)
                   for _ in range(3))
     dbias = torch.zeros(heads, n, n, device=q.device, dtype=softmax)
-    for image, lo in enumerate(range(0, bw, nw)):  # per image bounds the matrices
-        hi = lo + nw
+    for lo, hi, chunk_mask in _window_chunks(bw, nw, mask, heads, n):  # bounds the matrices
         # One pass each makes the strided views of the qkv output dense in the product's
         # dtype (q pre-scaled: dk = ds^T (q s) needs no scaling, dq = (ds k) s once), so no
         # product copies an operand again.
         qi = _flat(torch.mul(q[lo:hi], scale, out=torch.empty_like(dq[lo:hi])))
         ki, vi, gi = (_flat(t[lo:hi].to(product, memory_format=torch.contiguous_format))
                       for t in (k, v, grad_out))
-        p = _image_probabilities(qi, ki, bias, _image_mask(mask, image), nw)
+        p = _image_probabilities(qi, ki, bias, chunk_mask, hi - lo)
         torch.bmm(p.to(product).transpose(1, 2), gi, out=_flat(dv[lo:hi]))
         dp = torch.bmm(gi, vi.transpose(1, 2)).to(softmax)
         ds = torch._softmax_backward_data(dp, p, -1, softmax)  # p (dp - rowsum(dp p))
         del dp, p
-        dbias += ds.view(nw, heads, n, n).sum(0)
+        dbias += ds.view(hi - lo, heads, n, n).sum(0)
         ds = ds.to(product)
         torch.bmm(ds, ki, out=_flat(dq[lo:hi]))
         torch.bmm(ds.transpose(1, 2), qi, out=_flat(dk[lo:hi]))

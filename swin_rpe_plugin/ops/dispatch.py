@@ -1,20 +1,20 @@
 """The one dispatch point between the CPU fast paths and standard PyTorch.
 
 The fast paths (oneDNN linears, the CPU flash attention split into unmasked and masked windows,
-the attention backward recomputed per image) are written for CPU and registered as torch.library
-ops, so eager and torch.compile run the same kernels. Everywhere else (CUDA, any other device)
-the core runs the generic path: ``F.linear``, and attention split the same way (per image, one
-``F.scaled_dot_product_attention`` call for the unmasked windows with the broadcast bias, one
-for the masked windows with their bias + mask), so each device picks its own SDPA kernels and
-bias + mask is never materialised per window and image. Without dropout that attention is the
-same registered op, whose backward recomputes the attention matrices per image in plain PyTorch
-on the device: backward keeps q, k, v, bias and mask only. With dropout autograd runs through
-the SDPA calls. Nothing on it is CPU-specific: autocast is switched only where the device has
-it, window plans are built on the CPU and moved to the device once (ops/plan.py), and the CPU's
-rule for bf16 backward products (``attention.NATIVE_PRODUCTS``) applies to the CPU alone;
-``tests/ops/test_meta_device.py`` runs it forward and backward on ``meta``. Tracers and
-``torch.compile`` on the generic path see plain ops: one SDPA call with windows folded into the
-heads; exporters the explicit matmul + softmax (``attention.py``).
+the attention backward recomputed per chunk of windows) are written for CPU and registered as
+torch.library ops, so eager and torch.compile run the same kernels. Everywhere else (CUDA, any
+other device) the core runs the generic path: ``F.linear``, and attention split the same way
+(per image, one ``F.scaled_dot_product_attention`` call for the unmasked windows with the
+broadcast bias, one for the masked windows with their bias + mask), so each device picks its own
+SDPA kernels and bias + mask is never materialised per window and image. Without dropout that
+attention is the same registered op, whose backward recomputes the attention matrices per chunk
+of windows in plain PyTorch on the device: backward keeps q, k, v, bias and mask only. With
+dropout autograd runs through the SDPA calls. Nothing on it is CPU-specific: autocast is
+switched only where the device has it, window plans are built on the CPU and moved to the device
+once (ops/plan.py), and the CPU's rule for bf16 backward products (``attention.NATIVE_PRODUCTS``)
+applies to the CPU alone; ``tests/ops/test_meta_device.py`` runs it forward and backward on
+``meta``. Tracers and ``torch.compile`` on the generic path see plain ops: one SDPA call with
+windows folded into the heads; exporters the explicit matmul + softmax (``attention.py``).
 
 ``SWIN_RPE_BACKEND=generic`` (or :func:`force_backend`) sends CPU through the generic path
 too; tests use it to run the path other devices take. ``auto`` (the default) chooses by device.
@@ -151,7 +151,7 @@ def autocast_context(device_type: str, dtype: Optional[torch.dtype] = None,
 # 'linear': every product of a linear layer; 'linear_gelu': fc1 at inference, whose GELU
 # oneDNN applies in the product's epilogue (MKL: the product, then a GELU pass).
 # 'attention': the forward of the CPU fast path's window attention, SDPA's flash kernel or
-# the explicit products (per image: q k^T, bias + mask, softmax, @ v), ops/attention.py.
+# the explicit products (per chunk of windows: q k^T, bias + mask, softmax, @ v), ops/attention.py.
 KERNELS = {'linear': ('onednn', 'mkl'), 'linear_gelu': ('onednn', 'mkl'),
            'attention': ('flash', 'explicit')}
 _CPU_CLASSES = [f'{vendor}-{isa}' for vendor in ('amd', 'intel', 'other')

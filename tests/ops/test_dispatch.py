@@ -51,6 +51,27 @@ def test_one_call_of_tracers_matches_the_loop_reference(which):
         which, lambda q, k, v, bias, mask, nw: _one_call(q, k, v, bias, mask, 8 ** -0.5, 0.0, nw))
 
 
+@pytest.mark.parametrize('which', ['none', 'all', 'last3', 'per_image'])
+@pytest.mark.parametrize('path', ['generic', 'cpu-explicit'])
+def test_chunks_of_an_images_windows_match_the_loop_reference(which, path, monkeypatch):
+    """The recomputed backward (both paths) and the explicit forward run a chunk of one
+    image's windows at a time. Chunks of 3 windows here split each image's 4 ([0, 3) and
+    [3, 4)), so a mask of the last windows falls across chunks: values and gradients are
+    still the float64 loop reference's."""
+    import swin_rpe_plugin.ops.attention as attention
+    from swin_rpe_plugin.ops.dispatch import force_kernel
+    monkeypatch.setattr(attention, 'CHUNK_ELEMENTS', 3 * 3 * 49 * 49)  # heads 3, N 49
+    assert [(lo, hi) for lo, hi, _ in attention._window_chunks(8, 4, None, 3, 49)] == \
+        [(0, 3), (3, 4), (4, 7), (7, 8)]
+
+    def run(q, k, v, bias, mask, nw):
+        with force_backend('generic' if path == 'generic' else 'auto'), \
+                force_kernel('attention', 'explicit'):
+            return window_attention(q, k, v, bias, mask, windows_per_image=nw)
+
+    check_against_the_loop_reference(which, run)
+
+
 def check_against_the_loop_reference(which, run):
     b, nw, heads, n, hd = 2, 4, 3, 49, 8
     mask = _masks(nw, n)[which]
