@@ -25,10 +25,9 @@ avx512_bf16 without AMX, 2 threads, idle, 512x512 b2, five repeats, 2026-12-02 0
 kernel against 57 ms by the explicit per-image products, which won every block (stage 1 regular
 18.1 against 10.2 ms); with the explicit loops chunked (commit 73ab13c, 07:20 UTC) 91 against
 53 ms, and 125 against 73 at 800x1216 b1. In float32 flash won, 75 against 98 ms (58 against 79
-after the chunking). The same
-run's other kinds kept their rules: float32 linears oneDNN 570 ms against MKL 1128; bf16 linears
-oneDNN 233 against F.linear 226 (within 3%); fc1 + GELU oneDNN fused 106 against 230 ms (fp32),
-56 against 93 (bf16).
+after the chunking). The same run's other kinds kept their rules: float32 linears oneDNN 570 ms
+against MKL 1128; bf16 linears oneDNN 233 against F.linear 226 (within 3%); fc1 + GELU oneDNN
+fused 106 against 230 ms (fp32), 56 against 93 (bf16).
 """
 import json
 import os
