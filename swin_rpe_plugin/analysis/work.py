@@ -16,7 +16,8 @@ forward and backward, and under ``saved_tensors_hooks`` and the profiler's memor
   adds its bias (and GELU, where fused) in the product's epilogue and counts nothing, and a
   residual added there (its binary post-op) counts one read of it; a sum or mean into another
   dtype first casts its whole input (a pass its operands do not show);
-  ``index_fill_`` reads its index and writes only the slices it names;
+  ``index_fill_`` reads its index and writes only the slices it names; ``copy_``, ``fill_``
+  and ``zero_`` write their destination without reading it;
 - **registered ops are not fused kernels**: a ``swin_rpe::`` op is counted through its Python
   implementation, operator by operator (only the aten kernels it calls are kernels). The
   replay runs below autograd, where no tensor requires grad, so a kernel choice that depends
@@ -191,7 +192,9 @@ class WorkCounter(TorchDispatchMode):
         elif name in ('index_fill', 'index_fill_'):  # reads the index, writes the slices it names
             moved, kind = _index_fill_bytes(name, args), 'window gather/scatter'
         else:
-            reads = _tensors(args) + _tensors({k: v for k, v in kwargs.items() if k != 'out'})
+            # copy_, fill_ and zero_ overwrite their destination without reading it
+            operands = args[1:] if name in _OVERWRITES else args
+            reads = _tensors(operands) + _tensors({k: v for k, v in kwargs.items() if k != 'out'})
             moved = sum(_tensor_bytes(t) for t in reads + _tensors(out))
             kind = _KIND_OF_OP.get(name)
             if kind is None or (kind == 'cast/copy' and any(map(_square, reads))):
@@ -208,6 +211,7 @@ class WorkCounter(TorchDispatchMode):
 
 
 _SKIPPABLE = {'mm', 'addmm', 'addmm_', 'bmm', 'baddbmm', 'baddbmm_'}
+_OVERWRITES = {'copy_', 'fill_', 'zero_'}
 
 
 def _index_fill_bytes(name: str, args) -> int:

@@ -16,8 +16,8 @@ from torch import Tensor
 
 from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias, gather_tokens,
                    linear, linear_residual, linear_with_recomputed_input,
-                   relative_position_index, split_qkv, table_rows,
-                   to_window_tuple, traceable_window_plan, window_attention)
+                   relative_position_index, table_rows, to_window_tuple,
+                   traceable_window_plan, window_attention_qkv)
 from ..ops.dispatch import autocast_context, is_tracing
 
 HW = Tuple[int, int]
@@ -177,12 +177,13 @@ class WindowMSA(nn.Module):
 
     def attention(self, qkv: Tensor, mask: Optional[Tensor] = None,
                   windows_per_image: Optional[int] = None) -> Tensor:
-        """Attention before the output projection: [B * nW, N, 3C] -> [B * nW, N, C]."""
-        q, k, v = split_qkv(qkv, self.num_heads)
-        q, k, scale = self.query_key(q, k)
-        return window_attention(q, k, v, self.relative_position_bias(), mask, scale,
-                                self.attn_drop_rate if self.training else 0.0,
-                                fused=self.fused_attention, windows_per_image=windows_per_image)
+        """Attention before the output projection: [B * nW, N, 3C] -> [B * nW, N, C]. q, k
+        and v are the projection's own columns, so the attention takes it packed (and writes
+        its gradient in its layout); SwinV2 transforms q and k first (:meth:`query_key`)."""
+        return window_attention_qkv(qkv, self.num_heads, self.relative_position_bias(), mask,
+                                    self.scale, self.attn_drop_rate if self.training else 0.0,
+                                    fused=self.fused_attention,
+                                    windows_per_image=windows_per_image)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # mmdet/mmseg/official checkpoints save the index; ours is rebuilt from the window.

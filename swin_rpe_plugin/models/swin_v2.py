@@ -32,7 +32,8 @@ from mmengine.model.weight_init import constant_init, trunc_normal_, trunc_norma
 from torch import Tensor
 
 from ..ops import (continuous_position_bias, linear, log_spaced_relative_coords,
-                   resolve_pretrained_window, scaled_cosine_query_key, to_window_tuple)
+                   resolve_pretrained_window, scaled_cosine_query_key, split_qkv,
+                   to_window_tuple, window_attention)
 from ..registry import MODELS
 from .layers import HW, PatchMerging, SwinBlock, WindowMSA
 from .swin import SwinTransformer, _as_tuple
@@ -71,6 +72,16 @@ class WindowMSAV2(WindowMSA):
     def query_key(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor, float]:
         q, k = scaled_cosine_query_key(q, k, self.logit_scale)
         return q, k, 1.0
+
+    def attention(self, qkv: Tensor, mask: Optional[Tensor] = None,
+                  windows_per_image: Optional[int] = None) -> Tensor:
+        """Cosine attention: q and k normalised (and q scaled) apart from the projection, so
+        the attention takes q, k, v (V1 takes the projection packed)."""
+        q, k, v = split_qkv(qkv, self.num_heads)
+        q, k, scale = self.query_key(q, k)
+        return window_attention(q, k, v, self.relative_position_bias(), mask, scale,
+                                self.attn_drop_rate if self.training else 0.0,
+                                fused=self.fused_attention, windows_per_image=windows_per_image)
 
     def relative_position_bias(self) -> Tensor:
         """[heads, N, N] continuous position bias.

@@ -1,6 +1,6 @@
 """The functional core: plain tensor functions, torch only, no module state."""
 from .absolute_position import resize_absolute_pos_embed
-from .attention import split_qkv, window_attention
+from .attention import split_qkv, window_attention, window_attention_qkv
 from .continuous_position import (continuous_position_bias, log_spaced_relative_coords,
                                   resolve_pretrained_window, scaled_cosine_query_key)
 from .masks import (MASK_VALUE, padding_key_mask,
@@ -24,5 +24,6 @@ __all__ = [
     'resize_absolute_pos_embed', 'resize_relative_position_bias_table',
     'shift_attention_mask', 'shift_region_labels', 'split_qkv', 'table_rows', 'to_window_tuple',
     'traceable_window_plan',
-    'window_attention', 'window_attention_mask', 'window_partition', 'window_unpartition',
+    'window_attention', 'window_attention_qkv', 'window_attention_mask', 'window_partition',
+    'window_unpartition',
 ]

@@ -29,7 +29,7 @@ from .dispatch import (autocast_context, choose_kernel, compute_dtype, is_tracin
                        use_cpu_fast_paths)
 from .masks import MASK_VALUE
 
-__all__ = ['window_attention', 'split_qkv']
+__all__ = ['window_attention', 'window_attention_qkv', 'split_qkv']
 
 
 class _SplitQKV(torch.autograd.Function):
@@ -92,7 +92,7 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
     else:
         nw = q.shape[0] if mask is None else mask.shape[-3]
     if not is_tracing(q):  # sizes are symbolic under tracers: no checks that branch on them
-        _check_shapes(q, bias, mask, nw)
+        _check_shapes(q.shape, bias, mask, nw)
     # torch.export takes the explicit path: it is what ONNX runs anyway (MatMul, Softmax), and
     # its SDPA decomposition (torch 2.13) gives outputs whose strides do not match their
     # symbolic sizes, so a later reshape fails to decompose.
@@ -108,8 +108,39 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
         return _cpu_fused(q, k, v, bias, mask, scale, dropout_p, nw)
 
 
-def _check_shapes(q: Tensor, bias: Tensor, mask: Optional[Tensor], nw: int) -> None:
-    bw, heads, n, _ = q.shape
+def window_attention_qkv(qkv: Tensor, heads: int, bias: Tensor, mask: Optional[Tensor] = None,
+                         scale: Optional[float] = None, dropout_p: float = 0.0,
+                         fused: bool = True, windows_per_image: Optional[int] = None) -> Tensor:
+    """:func:`window_attention` of the q, k, v of one qkv projection output, [B * nW, N, 3C]
+    (q, k, v the projection's own columns, as in Swin V1), the other arguments as there.
+
+    On the fused paths without dropout (the CPU path, and the generic path in eager mode) it
+    is one registered op on the packed tensor, whose backward writes the gradient of qkv in
+    qkv's layout: no gradient of q, k and v apart for autograd to copy into it. Anywhere else
+    it is :func:`window_attention` of :func:`split_qkv`'s views.
+    """
+    cpu_path = use_cpu_fast_paths(qkv)
+    if (not fused or dropout_p > 0 or not qkv.is_contiguous() or torch.jit.is_tracing()
+            or torch.compiler.is_exporting() or (not cpu_path and is_tracing(qkv))):
+        q, k, v = split_qkv(qkv, heads)
+        return window_attention(q, k, v, bias, mask, scale, dropout_p, fused, windows_per_image)
+    bw, n, c3 = qkv.shape
+    head_dim = c3 // 3 // heads
+    scale = head_dim ** -0.5 if scale is None else scale
+    nw = windows_per_image if windows_per_image is not None else \
+        (bw if mask is None else mask.shape[-3])
+    if not is_tracing(qkv):
+        if c3 != 3 * heads * head_dim:
+            raise ValueError(f'qkv has {c3} channels, not 3 x {heads} heads x a head size')
+        _check_shapes((bw, heads, n, head_dim), bias, mask, nw)
+    # Autocast off around the op, as in window_attention: qkv is cast to its dtype here.
+    qkv = qkv.to(compute_dtype(qkv))
+    with autocast_context(qkv.device.type):
+        return _attention_qkv_op(qkv, heads, bias, mask, scale, nw, not cpu_path)
+
+
+def _check_shapes(q_shape, bias: Tensor, mask: Optional[Tensor], nw: int) -> None:
+    bw, heads, n, _ = q_shape
     if bias.shape != (heads, n, n):
         raise ValueError(f'bias must be [heads={heads}, N={n}, N={n}], got {tuple(bias.shape)}')
     if mask is not None and (bw % nw or mask.shape[-3] > nw or mask.shape[-2:] != (n, n)
@@ -286,7 +317,12 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[
     # of the bias parameter still requires grad inside the op, and SDPA then leaves every
     # kernel but its math path (which materialises each attention matrix) for the unmasked
     # windows' broadcast bias, in training on every device.
-    q, k, v, bias = q.detach(), k.detach(), v.detach(), bias.detach()
+    return _attention_forward(q.detach(), k.detach(), v.detach(), bias.detach(), mask, scale,
+                              nw, mask_like_q)
+
+
+def _attention_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
+                       scale: float, nw: int, mask_like_q: bool) -> Tensor:
     if not mask_like_q and choose_kernel('attention', q.device.type, q.dtype) == 'explicit':
         return _explicit_per_image(q, k, v, bias, mask, scale, nw)
     return _fused(q, k, v, bias, mask, scale, 0.0, nw, mask_like_q)
@@ -312,6 +348,44 @@ def _attention_backward(ctx, grad_out: Tensor):
 
 
 _attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
+
+
+def _qkv_views(qkv: Tensor, heads: int) -> Tuple[Tensor, Tensor, Tensor]:
+    bw, n, c3 = qkv.shape
+    return qkv.view(bw, n, 3, heads, c3 // 3 // heads).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+@torch.library.custom_op('swin_rpe::window_attention_qkv', mutates_args=())
+def _attention_qkv_op(qkv: Tensor, heads: int, bias: Tensor, mask: Optional[Tensor],
+                      scale: float, nw: int, mask_like_q: bool = False) -> Tensor:
+    """:func:`_attention_op` of the q, k, v packed in one qkv projection output [B * nW, N,
+    3C] (dense); its backward (:func:`_attention_qkv_backward_op`) writes the gradient of qkv
+    in that layout, where the attention on q, k, v views leaves three gradients for autograd
+    to copy into it (``_SplitQKV``)."""
+    return _attention_forward(*_qkv_views(qkv.detach(), heads), bias.detach(), mask, scale,
+                              nw, mask_like_q)
+
+
+@_attention_qkv_op.register_fake
+def _(qkv, heads, bias, mask, scale, nw, mask_like_q=False):
+    bw, n, c3 = qkv.shape
+    return qkv.new_empty((bw, n, c3 // 3))
+
+
+def _attention_qkv_setup(ctx, inputs, output) -> None:
+    qkv, heads, bias, mask, scale, nw = inputs[:6]
+    ctx.save_for_backward(qkv, bias, mask)
+    ctx.heads, ctx.scale, ctx.nw = heads, scale, nw
+
+
+def _attention_qkv_backward(ctx, grad_out: Tensor):
+    qkv, bias, mask = ctx.saved_tensors
+    dqkv, dbias = _attention_qkv_backward_op(grad_out.contiguous(), qkv, ctx.heads, bias, mask,
+                                             ctx.scale, ctx.nw)
+    return dqkv, None, dbias, None, None, None, None
+
+
+_attention_qkv_op.register_autograd(_attention_qkv_backward, setup_context=_attention_qkv_setup)
 
 
 def _flat(t: Tensor) -> Tensor:
@@ -375,9 +449,33 @@ def _explicit_per_image(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Opt
         ki, vi = (_flat(t[lo:hi].to(product, memory_format=torch.contiguous_format))
                   for t in (k, v))
         p = _image_probabilities(qi, ki, bias, chunk_mask, hi - lo)
-        o = torch.bmm(p.to(product), vi).view(hi - lo, heads, n, head_dim)
-        out[lo:hi].copy_(o.transpose(1, 2))
+        _products_into(out[lo:hi].transpose(1, 2), p.to(product), vi)
     return out.view(bw, n, heads * head_dim)
+
+
+def _products_into(target: Tensor, a: Tensor, b: Tensor, scale: Optional[float] = None) -> None:
+    """target = a @ b (* scale): a and b dense [w * heads, ., .], target [w, heads, N, d] in
+    any layout (a dense gradient, the output's or the qkv projection's columns).
+
+    One batched product, written in place where the target is dense in the product's dtype,
+    else into a chunk-sized buffer copied into the target while it is still in cache. A
+    product per head written straight into strided rows (oneDNN's bf16 matmul takes them)
+    would skip the copy, but costs a call per head: on Zen 5 (2026-12-02) 0.25 against 0.25
+    ms for stage 1's 145 windows of 3 heads, 0.59 against 0.10 ms for stage 4's 9 windows of
+    24, and Swin-T's bf16 train step at 512x512 b2 took 925 against 880 ms."""
+    if target.is_contiguous() and target.dtype == a.dtype:
+        _product(a, b, scale, _flat(target))
+        return
+    out = torch.empty(target.shape, dtype=a.dtype, device=a.device)
+    _product(a, b, scale, _flat(out))
+    target.copy_(out)
+
+
+def _product(a: Tensor, b: Tensor, scale: Optional[float], out: Tensor) -> None:
+    if scale is None:
+        torch.bmm(a, b, out=out)
+    else:  # beta = 0: out's contents are ignored, and the scale costs no pass
+        torch.baddbmm(out, a, b, beta=0, alpha=scale, out=out)
 
 
 # Whether this CPU multiplies bf16 / fp16 natively (avx512_bf16, AMX, avx512_fp16): elsewhere
@@ -418,8 +516,10 @@ def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bi
 
 
 def _attention_backward_impl(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
-                             mask: Optional[Tensor], scale: float,
-                             nw: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                             mask: Optional[Tensor], scale: float, nw: int,
+                             grad_qkv: Optional[Tensor] = None):
+    """(dq, dk, dv, dbias); or dbias alone, with dq, dk and dv written into ``grad_qkv``
+    ([B * nW, N, 3, heads, d], the qkv projection's layout: the packed op)."""
     dtypes = (q.dtype, k.dtype, v.dtype, bias.dtype)
     product = backward_product_dtype(q.dtype, q.device.type)
     softmax = torch.promote_types(product, torch.float32)  # float64 stays float64
@@ -427,27 +527,31 @@ def _attention_backward_impl(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, 
     mask = None if mask is None else _underflowing(mask)  # no denormal probabilities
     bw, heads, n, head_dim = q.shape
     grad_out = grad_out.reshape(bw, n, heads, head_dim).transpose(1, 2)
-    # Gradients in the layout batched products write without copies: [windows * heads, N, d].
-    dq, dk, dv = (torch.empty(bw, heads, n, head_dim, dtype=product, device=q.device)
-                  for _ in range(3))
+    if grad_qkv is None:  # the layout batched products write without copies
+        dq, dk, dv = (torch.empty(bw, heads, n, head_dim, dtype=product, device=q.device)
+                      for _ in range(3))
+    else:  # [B * nW, heads, N, d] views of the projection's columns
+        dq, dk, dv = grad_qkv.permute(2, 0, 3, 1, 4).unbind(0)
     dbias = torch.zeros(heads, n, n, device=q.device, dtype=softmax)
     for lo, hi, chunk_mask in _window_chunks(bw, nw, mask, heads, n):  # bounds the matrices
         # One pass each makes the strided views of the qkv output dense in the product's
-        # dtype (q pre-scaled: dk = ds^T (q s) needs no scaling, dq = (ds k) s once), so no
-        # product copies an operand again.
-        qi = _flat(torch.mul(q[lo:hi], scale, out=torch.empty_like(dq[lo:hi])))
+        # dtype (q pre-scaled: dk = ds^T (q s) needs no scaling, dq = (ds k) s is scaled by
+        # its product), so no product copies an operand again.
+        qi = _flat(torch.mul(q[lo:hi], scale, out=torch.empty(
+            hi - lo, heads, n, head_dim, dtype=product, device=q.device)))
         ki, vi, gi = (_flat(t[lo:hi].to(product, memory_format=torch.contiguous_format))
                       for t in (k, v, grad_out))
         p = _image_probabilities(qi, ki, bias, chunk_mask, hi - lo)
-        torch.bmm(p.to(product).transpose(1, 2), gi, out=_flat(dv[lo:hi]))
+        _products_into(dv[lo:hi], p.to(product).transpose(1, 2), gi)
         dp = torch.bmm(gi, vi.transpose(1, 2)).to(softmax)
         ds = torch._softmax_backward_data(dp, p, -1, softmax)  # p (dp - rowsum(dp p))
         del dp, p
         dbias += ds.view(hi - lo, heads, n, n).sum(0)
         ds = ds.to(product)
-        torch.bmm(ds, ki, out=_flat(dq[lo:hi]))
-        torch.bmm(ds.transpose(1, 2), qi, out=_flat(dk[lo:hi]))
-    dq.mul_(scale)
+        _products_into(dq[lo:hi], ds, ki, scale)
+        _products_into(dk[lo:hi], ds.transpose(1, 2), qi)
+    if grad_qkv is not None:
+        return dbias.to(dtypes[3])
     return tuple(g.to(dt) for g, dt in zip((dq, dk, dv, dbias), dtypes))
 
 
@@ -456,3 +560,24 @@ def _(grad_out, q, k, v, bias, mask, scale, nw):
     # Dense [B * nW, heads, N, d] gradients as the kernel writes them, whatever q's strides.
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             bias.new_empty(bias.shape))
+
+
+@torch.library.custom_op('swin_rpe::window_attention_qkv_backward', mutates_args=())
+def _attention_qkv_backward_op(grad_out: Tensor, qkv: Tensor, heads: int, bias: Tensor,
+                               mask: Optional[Tensor], scale: float,
+                               nw: int) -> Tuple[Tensor, Tensor]:
+    """(dqkv, dbias) of :func:`_attention_qkv_op`: :func:`_attention_backward_op`'s
+    computation, with dq, dk and dv copied into the gradient of qkv (qkv's layout and dtype)
+    a chunk at a time, while each is still in cache, instead of by autograd after the op."""
+    bw, n, c3 = qkv.shape
+    with autocast_context(qkv.device.type):
+        grad = torch.empty(bw, n, 3, heads, c3 // 3 // heads, dtype=qkv.dtype,
+                           device=qkv.device)
+        dbias = _attention_backward_impl(grad_out, *_qkv_views(qkv, heads), bias, mask, scale,
+                                         nw, grad)
+    return grad.view(bw, n, c3), dbias
+
+
+@_attention_qkv_backward_op.register_fake
+def _(grad_out, qkv, heads, bias, mask, scale, nw):
+    return qkv.new_empty(qkv.shape), bias.new_empty(bias.shape)

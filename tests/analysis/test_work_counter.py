@@ -81,3 +81,15 @@ def test_a_sum_into_another_dtype_counts_the_cast_of_its_input():
     assert native['bytes_outside'] == read + 64 * 2
     assert into_float['bytes_outside'] == read + 64 * 4 + cast
     assert into_float['bytes_by_kind']['cast/copy'] == cast
+
+
+def test_copy_and_fill_write_their_destination_without_reading_it():
+    """``dst.copy_(src)``: one read of src and one write of dst (an earlier count read dst as
+    well, as for ``add_``, which does read it); ``fill_``/``zero_``: one write; ``add_``: both
+    operands read and self written."""
+    dst, src = torch.empty(64, 32), torch.randn(32, 64)
+    size = 64 * 32 * F32
+    assert count_work(lambda s: dst.copy_(s.t()), src)['bytes_outside'] == 2 * size
+    assert count_work(lambda s: dst.fill_(1.0), src)['bytes_outside'] == size
+    assert count_work(lambda s: dst.zero_(), src)['bytes_outside'] == size
+    assert count_work(lambda s: dst.add_(s.t()), src)['bytes_outside'] == 3 * size

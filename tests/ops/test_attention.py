@@ -96,36 +96,56 @@ def test_recomputed_backward_matches_autograd_of_the_explicit_path(masked_window
         assert torch.allclose(fused_grad, explicit_grad, atol=1e-5)
 
 
+@pytest.mark.parametrize('packed', [False, True], ids=['qkv_views', 'packed_qkv'])
+@pytest.mark.parametrize('kernel', ['flash', 'explicit'])
 @pytest.mark.parametrize('native', [True, False], ids=['native-bf16', 'emulated-bf16'])
 @pytest.mark.parametrize('masked_windows', [0, 4])
-def test_bf16_backward_is_bf16_products_with_float32_softmax(masked_windows, native,
-                                                             monkeypatch):
+def test_bf16_backward_is_bf16_products_with_float32_softmax(masked_windows, native, kernel,
+                                                             packed, monkeypatch):
     """bf16 q, k, v (autocast's cast): gradients in bf16 (the bias's in float32), within bf16
     rounding of float64 autograd through the loop reference on the same bf16 values. Products
     in bf16 (a CPU with native bf16; forced here on any CPU) round each operand once (2^-9
     relative): ds and p are the rounded ones, so the bound is a few bf16 ulps of the largest
-    gradient, far below what a wrong formula gives. Without native bf16 they run in float32."""
+    gradient, far below what a wrong formula gives. Without native bf16 they run in float32.
+    ``packed``: q, k, v are columns of one qkv, which the attention takes itself; its bf16
+    products then write the gradient straight into qkv's layout, one head at a time (and the
+    explicit forward its output), strided rows that oneDNN takes as they are."""
     import swin_rpe_plugin.ops.attention as attention
+    from swin_rpe_plugin.ops import split_qkv, window_attention_qkv
+    from swin_rpe_plugin.ops.dispatch import force_kernel
     monkeypatch.setitem(attention.NATIVE_PRODUCTS, torch.bfloat16, native)
     assert attention.backward_product_dtype(torch.bfloat16) == \
         (torch.bfloat16 if native else torch.float32)
     assert attention.backward_product_dtype(torch.float32) == torch.float32
     b, nw, heads, n, hd = 2, 4, 3, 49, 16
     torch.manual_seed(0)
-    q, k, v = (torch.randn(b * nw, heads, n, hd).bfloat16().requires_grad_() for _ in range(3))
+    qkv = torch.randn(b * nw, n, 3 * heads * hd).bfloat16().requires_grad_()
+    if packed:
+        leaves = (qkv,)
+        q, k, v = split_qkv(qkv, heads)
+    else:
+        q, k, v = leaves = tuple(t.detach().requires_grad_() for t in split_qkv(qkv, heads))
     bias = torch.randn(heads, n, n, requires_grad=True)
     mask = shift_attention_mask((14, 14), 7, 3)[nw - masked_windows:] if masked_windows else None
-    out = window_attention(q, k, v, bias, mask, windows_per_image=nw)
+    with force_kernel('attention', kernel):
+        if packed:
+            out = window_attention_qkv(qkv, heads, bias, mask, windows_per_image=nw)
+        else:
+            out = window_attention(q, k, v, bias, mask, windows_per_image=nw)
     weight = torch.randn(out.shape)
-    grads = torch.autograd.grad((out.float() * weight).sum(), (q, k, v, bias))
-    assert [g.dtype for g in grads] == [torch.bfloat16] * 3 + [torch.float32]
+    grads = torch.autograd.grad((out.float() * weight).sum(), (*leaves, bias))
+    assert [g.dtype for g in grads] == [torch.bfloat16] * len(leaves) + [torch.float32]
 
-    ref_inputs = [t.detach().double().requires_grad_() for t in (q, k, v, bias)]
+    ref_leaves = [t.detach().double().requires_grad_() for t in (*leaves, bias)]
+    ref_qkv = split_qkv(ref_leaves[0], heads) if packed else ref_leaves[:3]
     full = None if mask is None else torch.cat(
         [torch.zeros(nw - masked_windows, n, n), mask]).double()
-    ref = loop_reference(*ref_inputs, full)
-    ref_grads = torch.autograd.grad((ref * weight.double()).sum(), ref_inputs)
-    for name, got, expected in zip('q k v bias'.split(), grads, ref_grads):
+    ref = loop_reference(*ref_qkv, ref_leaves[-1], full)
+    err = (out.double() - ref).abs().max() / ref.abs().max()
+    assert err < 1.5e-2, ('out', float(err))
+    ref_grads = torch.autograd.grad((ref * weight.double()).sum(), ref_leaves)
+    names = ['qkv'] if packed else ['q', 'k', 'v']
+    for name, got, expected in zip(names + ['bias'], grads, ref_grads):
         err = (got.double() - expected).abs().max() / expected.abs().max()
         assert err < 1.5e-2, (name, float(err))
 
@@ -152,8 +172,9 @@ def test_linear_with_recomputed_input_matches_autograd():
 
 def test_backward_fake_kernel_strides_match_the_kernel():
     """inductor asserts a registered op's output strides against its fake kernel. With q, k,
-    v the strided views of a qkv projection (as the model passes them) the kernel returns
-    dense gradients, and so must the fake (a mismatch failed compiled training)."""
+    v the strided views of a qkv projection (as SwinV2 passes them) the kernel returns dense
+    gradients, and so must the fake (a mismatch failed compiled training); the packed op
+    returns the gradient of qkv in qkv's layout."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from swin_rpe_plugin.ops import split_qkv
@@ -166,6 +187,13 @@ def test_backward_fake_kernel_strides_match_the_kernel():
         fake = op(*(mode.from_tensor(t) for t in (grad, q, k, v, bias)), None, 0.5, 4)
     assert [t.stride() for t in fake] == [t.stride() for t in real]
     assert [t.shape for t in fake] == [t.shape for t in real]
+    packed_op = torch.ops.swin_rpe.window_attention_qkv_backward
+    real = packed_op(grad, qkv, 2, bias, None, 0.5, 4)
+    with FakeTensorMode() as mode:
+        fake = packed_op(*(mode.from_tensor(t) for t in (grad, qkv)), 2, mode.from_tensor(bias),
+                         None, 0.5, 4)
+    assert [(t.shape, t.stride()) for t in fake] == [(t.shape, t.stride()) for t in real] \
+        == [(qkv.shape, qkv.stride()), (bias.shape, bias.stride())]
 
 
 def test_kernels_see_masks_whose_weights_underflow_to_zero_not_to_denormals():

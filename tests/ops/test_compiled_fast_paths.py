@@ -55,7 +55,7 @@ def test_compiled_graph_keeps_the_fast_paths(kernel):
             torch.no_grad():
         compiled(torch.randn(1, 3, 61, 75))
     ops = called_ops(graphs)
-    assert 'swin_rpe.window_attention.default' in ops
+    assert 'swin_rpe.window_attention_qkv.default' in ops
     assert ('swin_rpe.linear.default' in ops) == (kernel == 'onednn')
     assert len(graphs) == 1  # fullgraph: no graph break anywhere in the backbone
 
@@ -87,7 +87,7 @@ def test_compiled_training_runs_the_registered_backwards_and_equals_eager():
 
 
 def test_registered_ops_pass_opcheck():
-    from swin_rpe_plugin.ops.attention import _attention_op
+    from swin_rpe_plugin.ops.attention import _attention_op, _attention_qkv_op
     from swin_rpe_plugin.ops.linear import _linear_op
     torch.manual_seed(0)
     x, w, b = torch.randn(5, 7, 12, requires_grad=True), torch.randn(9, 12, requires_grad=True), \
@@ -102,6 +102,11 @@ def test_registered_ops_pass_opcheck():
     mask = torch.where(torch.rand(1, 6, 6) > 0.5, -100.0, 0.0)  # the last window of 2
     torch.library.opcheck(_attention_op, (q, k, v, bias, mask, 0.3, 2))
     torch.library.opcheck(_attention_op, (q, k, v, bias, None, 0.3, 4))
+    qkv = torch.randn(4, 6, 3 * 2 * 8, requires_grad=True)
+    for dtype in (torch.float32, torch.bfloat16):  # bf16: the products write strided rows
+        packed = qkv.detach().to(dtype).requires_grad_()
+        torch.library.opcheck(_attention_qkv_op, (packed, 2, bias, mask, 0.3, 2))
+        torch.library.opcheck(_attention_qkv_op, (packed, 2, bias, None, 0.3, 4, True))
 
 
 def test_mmengine_compile_trains_a_synthetic_segmentor(tmp_path):

@@ -5,7 +5,8 @@ The generic path is what CUDA and every other device run; forcing it on CPU test
 import pytest
 import torch
 
-from swin_rpe_plugin.ops import linear, shift_attention_mask, window_attention
+from swin_rpe_plugin.ops import (linear, shift_attention_mask, split_qkv, window_attention,
+                                 window_attention_qkv)
 from swin_rpe_plugin.ops.dispatch import backend, force_backend, use_cpu_fast_paths
 
 
@@ -51,13 +52,16 @@ def test_one_call_of_tracers_matches_the_loop_reference(which):
         which, lambda q, k, v, bias, mask, nw: _one_call(q, k, v, bias, mask, 8 ** -0.5, 0.0, nw))
 
 
+@pytest.mark.parametrize('packed', [False, True], ids=['qkv_views', 'packed_qkv'])
 @pytest.mark.parametrize('which', ['none', 'all', 'last3', 'per_image'])
-@pytest.mark.parametrize('path', ['generic', 'cpu-explicit'])
-def test_chunks_of_an_images_windows_match_the_loop_reference(which, path, monkeypatch):
+@pytest.mark.parametrize('path', ['generic', 'cpu-explicit', 'cpu-flash'])
+def test_chunks_of_an_images_windows_match_the_loop_reference(which, path, packed,
+                                                              monkeypatch):
     """The recomputed backward (both paths) and the explicit forward run a chunk of one
     image's windows at a time. Chunks of 3 windows here split each image's 4 ([0, 3) and
     [3, 4)), so a mask of the last windows falls across chunks: values and gradients are
-    still the float64 loop reference's."""
+    still the float64 loop reference's, on q, k, v views and on the packed qkv projection
+    (whose backward writes its gradient in its layout, a product per head or one copy)."""
     import swin_rpe_plugin.ops.attention as attention
     from swin_rpe_plugin.ops.dispatch import force_kernel
     monkeypatch.setattr(attention, 'CHUNK_ELEMENTS', 3 * 3 * 49 * 49)  # heads 3, N 49
@@ -66,17 +70,27 @@ def test_chunks_of_an_images_windows_match_the_loop_reference(which, path, monke
 
     def run(q, k, v, bias, mask, nw):
         with force_backend('generic' if path == 'generic' else 'auto'), \
-                force_kernel('attention', 'explicit'):
+                force_kernel('attention', path.split('-')[-1] if '-' in path else 'flash'):
+            if packed:  # q, k, v are views of one qkv: the attention takes qkv itself
+                return window_attention_qkv(q._base_qkv, 3, bias, mask, windows_per_image=nw)
             return window_attention(q, k, v, bias, mask, windows_per_image=nw)
 
-    check_against_the_loop_reference(which, run)
+    check_against_the_loop_reference(which, run, packed)
 
 
-def check_against_the_loop_reference(which, run):
+def check_against_the_loop_reference(which, run, packed=False):
+    """``packed``: q, k, v are views of one qkv projection output, the leaf (its gradient is
+    compared as the reference's q, k, v gradients in its layout)."""
     b, nw, heads, n, hd = 2, 4, 3, 49, 8
     mask = _masks(nw, n)[which]
-    q, k, v = (torch.randn(b * nw, heads, n, hd, dtype=torch.float64, requires_grad=True)
-               for _ in range(3))
+    if packed:
+        qkv = torch.randn(b * nw, n, 3 * heads * hd, dtype=torch.float64, requires_grad=True)
+        q, k, v = split_qkv(qkv, heads)
+        q._base_qkv = qkv
+    else:
+        q, k, v = (torch.randn(b * nw, heads, n, hd, dtype=torch.float64, requires_grad=True)
+                   for _ in range(3))
+    leaves = (qkv, ) if packed else (q, k, v)
     bias = torch.randn(heads, n, n, dtype=torch.float64, requires_grad=True)
     if mask is None:
         full = None
@@ -86,11 +100,12 @@ def check_against_the_loop_reference(which, run):
         full = full.reshape(b * nw, n, n)
     ref = loop_reference(q, k, v, bias, full).double()
     weight = torch.randn_like(ref)
-    ref_grads = torch.autograd.grad((ref * weight).sum(), (q, k, v, bias))
+    ref_grads = torch.autograd.grad((ref * weight).sum(), (*leaves, bias))
     out = run(q, k, v, bias, None if mask is None else mask.double(), nw)
     assert torch.allclose(out, ref, atol=1e-10)
-    grads = torch.autograd.grad((out * weight).sum(), (q, k, v, bias))
-    for name, got, expected in zip('q k v bias'.split(), grads, ref_grads):
+    grads = torch.autograd.grad((out * weight).sum(), (*leaves, bias))
+    names = ['qkv'] if packed else ['q', 'k', 'v']
+    for name, got, expected in zip(names + ['bias'], grads, ref_grads):
         assert torch.allclose(got, expected, atol=1e-9), name
 
 

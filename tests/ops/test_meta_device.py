@@ -18,14 +18,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from swin_rpe_plugin import SwinTransformer, SwinTransformerV2
-from swin_rpe_plugin.ops import attention, shift_attention_mask, window_attention, window_plan
+from swin_rpe_plugin.ops import (attention, shift_attention_mask, window_attention,
+                                 window_attention_qkv, window_plan)
 from swin_rpe_plugin.ops.dispatch import force_backend
 
 # The Python bodies the registered ops were defined with: run under the mode, so the ops'
 # insides are checked too (the mode otherwise sees an op as one call).
 OP_BODIES = {'swin_rpe.window_attention.default': attention._attention_op._init_fn,
              'swin_rpe.window_attention_backward.default':
-                 attention._attention_backward_op._init_fn}
+                 attention._attention_backward_op._init_fn,
+             'swin_rpe.window_attention_qkv.default': attention._attention_qkv_op._init_fn,
+             'swin_rpe.window_attention_qkv_backward.default':
+                 attention._attention_qkv_backward_op._init_fn}
 
 
 class OnlyOn(TorchDispatchMode):
@@ -69,26 +73,39 @@ def masks():
             'last3_per_image': torch.stack([shift[1:], shift[1:].flip(0)])}
 
 
+@pytest.mark.parametrize('packed', [False, True], ids=['qkv_views', 'packed_qkv'])
 @pytest.mark.parametrize('dropout', [0.0, 0.1], ids=['recomputed', 'dropout'])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
 @pytest.mark.parametrize('which', list(masks()))
-def test_window_attention_forward_and_backward_on_meta(which, dtype, dropout):
-    """Meta has no autocast, so bf16 is given as the inputs' dtype (autocast's cast)."""
+def test_window_attention_forward_and_backward_on_meta(which, dtype, dropout, packed):
+    """Meta has no autocast, so bf16 is given as the inputs' dtype (autocast's cast).
+    ``packed``: the attention of one qkv projection output (Swin V1's), whose backward writes
+    the gradient of qkv a head at a time into its layout (strided rows, as on every device)."""
     mask = masks()[which]
     mask = None if mask is None else mask.to('meta')
-    q, k, v = (torch.empty(B * NW, HEADS, N, HD, device='meta', dtype=dtype,
-                           requires_grad=True) for _ in range(3))
+    if packed:
+        leaves = [torch.empty(B * NW, N, 3 * HEADS * HD, device='meta', dtype=dtype,
+                              requires_grad=True)]
+    else:
+        leaves = [torch.empty(B * NW, HEADS, N, HD, device='meta', dtype=dtype,
+                              requires_grad=True) for _ in range(3)]
     bias = torch.empty(HEADS, N, N, device='meta', requires_grad=True)
     mode = OnlyOn('meta')
     with force_backend('generic'), mode:
-        out = window_attention(q, k, v, bias, mask, dropout_p=dropout, windows_per_image=NW)
+        if packed:
+            out = window_attention_qkv(*leaves, HEADS, bias, mask, dropout_p=dropout,
+                                       windows_per_image=NW)
+        else:
+            out = window_attention(*leaves, bias, mask, dropout_p=dropout, windows_per_image=NW)
         out.float().sum().backward()
     assert (out.shape, out.device.type, out.dtype) == ((B * NW, N, HEADS * HD), 'meta', dtype)
-    for t in (q, k, v, bias):
+    for t in (*leaves, bias):
         assert (t.grad.shape, t.grad.device.type, t.grad.dtype) == (t.shape, 'meta', t.dtype)
     # Without dropout: the registered op and its recomputed backward; with it, autograd
     # through the SDPA calls.
-    assert ('swin_rpe.window_attention_backward.default' in mode.ops) == (dropout == 0)
+    op = 'swin_rpe.window_attention_qkv_backward.default' if packed else \
+        'swin_rpe.window_attention_backward.default'
+    assert (op in mode.ops) == (dropout == 0)
 
 
 TINY = dict(embed_dims=32, depths=(2, 2), num_heads=(1, 2), strides=(4, 2), out_indices=(0, 1),
@@ -118,8 +135,12 @@ def test_whole_backbone_trains_on_meta(model_class, kwargs):
             sum(o.sum() for o in outs).backward()
     assert [o.shape for o in outs] == cpu_shapes
     assert all(o.device.type == 'meta' and o.dtype == torch.float32 for o in outs)
-    # The recomputed backward without attention dropout; autograd through SDPA with it.
-    recomputed = 'swin_rpe.window_attention_backward.default' in mode.ops
+    # The recomputed backward without attention dropout (V1's of the packed qkv projection);
+    # autograd through SDPA with it.
+    packed = model_class is SwinTransformer
+    op = 'swin_rpe.window_attention_qkv_backward.default' if packed else \
+        'swin_rpe.window_attention_backward.default'
+    recomputed = op in mode.ops
     assert recomputed == (not kwargs.get('attn_drop_rate'))
     for name, p in meta.named_parameters():
         assert p.grad is not None, name
