@@ -11,10 +11,11 @@ attention is the same registered op, whose backward recomputes the attention mat
 of windows in plain PyTorch on the device: backward keeps q, k, v, bias and mask only. With
 dropout autograd runs through the SDPA calls. Nothing on it is CPU-specific: autocast is
 switched only where the device has it, window plans are built on the CPU and moved to the device
-once (ops/plan.py), and the CPU's rule for bf16 backward products (``attention.NATIVE_PRODUCTS``)
-applies to the CPU alone; ``tests/ops/test_meta_device.py`` runs it forward and backward on
-``meta``. Tracers and ``torch.compile`` on the generic path see plain ops: one SDPA call with
-windows folded into the heads; exporters the explicit matmul + softmax (``attention.py``).
+once (ops/plan.py), and the CPU's rule for bf16 backward products
+(``window_products.NATIVE_PRODUCTS``) applies to the CPU alone; ``tests/ops/test_meta_device.py``
+runs it forward and backward on ``meta``. Tracers and ``torch.compile`` on the generic path see
+plain ops: one SDPA call with windows folded into the heads; exporters the explicit matmul +
+softmax (``attention.py``).
 
 ``SWIN_RPE_BACKEND=generic`` (or :func:`force_backend`) sends CPU through the generic path
 too; tests use it to run the path other devices take. ``auto`` (the default) chooses by device.

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from swin_rpe_plugin.analysis.benchmark import backbone_work
-from swin_rpe_plugin.ops import attention
+from swin_rpe_plugin.ops import window_products
 from swin_rpe_plugin.ops.dispatch import force_kernel
 
 # (mode, dtype, the library of fc1 + GELU at inference): MKL (product, then GELU) everywhere,
@@ -41,8 +41,8 @@ BUDGETS = {
 @pytest.fixture(scope='module')
 def records():
     out = {}
-    native = attention.NATIVE_PRODUCTS[torch.bfloat16]
-    attention.NATIVE_PRODUCTS[torch.bfloat16] = True
+    native = window_products.NATIVE_PRODUCTS[torch.bfloat16]
+    window_products.NATIVE_PRODUCTS[torch.bfloat16] = True
     try:
         for mode, dtype, gelu in CASES:
             with force_kernel('linear', 'mkl'), force_kernel('linear_gelu', gelu), \
@@ -50,7 +50,7 @@ def records():
                 out[mode, dtype, gelu] = backbone_work('tiny', (224, 224), 1, mode,
                                                        dtype)['sides']
     finally:
-        attention.NATIVE_PRODUCTS[torch.bfloat16] = native
+        window_products.NATIVE_PRODUCTS[torch.bfloat16] = native
     return out
 
 

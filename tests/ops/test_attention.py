@@ -40,10 +40,10 @@ def test_cpu_attention_kernels_against_a_loop_reference(kernel, dtype, monkeypat
     and one mask per image, against the float64 loop reference on the same values. fp32:
     to float32 rounding; bf16: bf16 products (native; forced here on any CPU) or float32 ones
     (emulated), a few bf16 ulps of the largest output, far below what a wrong formula gives."""
-    import swin_rpe_plugin.ops.attention as attention
+    import swin_rpe_plugin.ops.window_products as window_products
     from swin_rpe_plugin.ops import split_qkv
     from swin_rpe_plugin.ops.dispatch import force_kernel
-    monkeypatch.setitem(attention.NATIVE_PRODUCTS, torch.bfloat16, dtype == 'bf16-native')
+    monkeypatch.setitem(window_products.NATIVE_PRODUCTS, torch.bfloat16, dtype == 'bf16-native')
     b, nw, heads, n, hd = 2, 4, 3, 49, 16
     torch.manual_seed(0)
     qkv = torch.randn(b * nw, n, 3 * heads * hd)
@@ -110,13 +110,13 @@ def test_bf16_backward_is_bf16_products_with_float32_softmax(masked_windows, nat
     ``packed``: q, k, v are columns of one qkv, which the attention takes itself; its bf16
     products then write the gradient straight into qkv's layout, one head at a time (and the
     explicit forward its output), strided rows that oneDNN takes as they are."""
-    import swin_rpe_plugin.ops.attention as attention
+    import swin_rpe_plugin.ops.window_products as window_products
     from swin_rpe_plugin.ops import split_qkv, window_attention_qkv
     from swin_rpe_plugin.ops.dispatch import force_kernel
-    monkeypatch.setitem(attention.NATIVE_PRODUCTS, torch.bfloat16, native)
-    assert attention.backward_product_dtype(torch.bfloat16) == \
+    monkeypatch.setitem(window_products.NATIVE_PRODUCTS, torch.bfloat16, native)
+    assert window_products.backward_product_dtype(torch.bfloat16) == \
         (torch.bfloat16 if native else torch.float32)
-    assert attention.backward_product_dtype(torch.float32) == torch.float32
+    assert window_products.backward_product_dtype(torch.float32) == torch.float32
     b, nw, heads, n, hd = 2, 4, 3, 49, 16
     torch.manual_seed(0)
     qkv = torch.randn(b * nw, n, 3 * heads * hd).bfloat16().requires_grad_()
@@ -201,7 +201,7 @@ def test_kernels_see_masks_whose_weights_underflow_to_zero_not_to_denormals():
     the kernels' copy of the mask doubles masked entries, so those weights are exact zeros,
     and the outputs stay the reference's to float32 rounding. The copy is made once per mask
     and made again when the mask changes in place."""
-    from swin_rpe_plugin.ops.attention import _image_probabilities, _underflowing
+    from swin_rpe_plugin.ops.window_products import image_probabilities, underflowing_mask
     nw, heads, n, hd = 4, 2, 49, 8
     torch.manual_seed(0)
     q, k = (torch.randn(nw * heads, n, hd) for _ in range(2))
@@ -212,18 +212,18 @@ def test_kernels_see_masks_whose_weights_underflow_to_zero_not_to_denormals():
     def denormals(p):
         return int(((p != 0) & (p.abs() < tiny)).sum())
 
-    reference = _image_probabilities(q, k, bias, mask, nw)
+    reference = image_probabilities(q, k, bias, mask, nw)
     assert denormals(reference) > 0  # the reference's -100: the slow case exists
-    doubled = _underflowing(mask)
+    doubled = underflowing_mask(mask)
     assert set(doubled.unique().tolist()) == {0.0, -200.0}
-    p = _image_probabilities(q, k, bias, doubled, nw)
+    p = image_probabilities(q, k, bias, doubled, nw)
     assert denormals(p) == 0
     assert torch.allclose(p, reference, rtol=0, atol=1e-30)
-    assert _underflowing(mask) is doubled  # once per mask
+    assert underflowing_mask(mask) is doubled  # once per mask
     mask[0, 0, 0] = -100.0  # changed in place: made again
-    assert _underflowing(mask) is not doubled and _underflowing(mask)[0, 0, 0] == -200.0
+    assert underflowing_mask(mask) is not doubled and underflowing_mask(mask)[0, 0, 0] == -200.0
     custom = torch.full((1, n, n), -3.0)  # other additive values pass unchanged
-    assert torch.equal(_underflowing(custom), custom)
+    assert torch.equal(underflowing_mask(custom), custom)
 
 
 @pytest.mark.parametrize('backend', ['auto', 'generic'])

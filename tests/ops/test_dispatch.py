@@ -62,10 +62,10 @@ def test_chunks_of_an_images_windows_match_the_loop_reference(which, path, packe
     [3, 4)), so a mask of the last windows falls across chunks: values and gradients are
     still the float64 loop reference's, on q, k, v views and on the packed qkv projection
     (whose backward writes its gradient in its layout, a product per head or one copy)."""
-    import swin_rpe_plugin.ops.attention as attention
+    import swin_rpe_plugin.ops.window_products as window_products
     from swin_rpe_plugin.ops.dispatch import force_kernel
-    monkeypatch.setattr(attention, 'CHUNK_ELEMENTS', 3 * 3 * 49 * 49)  # heads 3, N 49
-    assert [(lo, hi) for lo, hi, _ in attention._window_chunks(8, 4, None, 3, 49)] == \
+    monkeypatch.setattr(window_products, 'CHUNK_ELEMENTS', 3 * 3 * 49 * 49)  # heads 3, N 49
+    assert [(lo, hi) for lo, hi, _ in window_products.window_chunks(8, 4, None, 3, 49)] == \
         [(0, 3), (3, 4), (4, 7), (7, 8)]
 
     def run(q, k, v, bias, mask, nw):

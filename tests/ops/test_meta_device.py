@@ -19,17 +19,17 @@ from torch.utils._pytree import tree_leaves
 
 from swin_rpe_plugin import SwinTransformer, SwinTransformerV2
 from swin_rpe_plugin.ops import (attention, shift_attention_mask, window_attention,
-                                 window_attention_qkv, window_plan)
+                                 window_attention_qkv, window_plan, window_products)
 from swin_rpe_plugin.ops.dispatch import force_backend
 
 # The Python bodies the registered ops were defined with: run under the mode, so the ops'
 # insides are checked too (the mode otherwise sees an op as one call).
 OP_BODIES = {'swin_rpe.window_attention.default': attention._attention_op._init_fn,
              'swin_rpe.window_attention_backward.default':
-                 attention._attention_backward_op._init_fn,
+                 window_products.attention_backward_op._init_fn,
              'swin_rpe.window_attention_qkv.default': attention._attention_qkv_op._init_fn,
              'swin_rpe.window_attention_qkv_backward.default':
-                 attention._attention_qkv_backward_op._init_fn}
+                 window_products.attention_qkv_backward_op._init_fn}
 
 
 class OnlyOn(TorchDispatchMode):
