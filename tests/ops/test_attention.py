@@ -79,6 +79,14 @@ def test_attention_refuses_mismatched_bias_and_mask():
         window_attention(q, q, q, torch.zeros(3, 9, 9))
     with pytest.raises(ValueError, match='mask'):
         window_attention(q, q, q, torch.zeros(2, 9, 9), torch.zeros(3, 9, 9))
+    from swin_rpe_plugin.ops import window_attention_qkv
+    qkv = torch.randn(4, 9, 3 * 2 * 4)
+    with pytest.raises(ValueError, match='qkv has 25 channels'):
+        window_attention_qkv(torch.randn(4, 9, 25), 2, torch.zeros(2, 9, 9))
+    with pytest.raises(ValueError, match='bias'):
+        window_attention_qkv(qkv, 2, torch.zeros(3, 9, 9))
+    with pytest.raises(ValueError, match='mask'):
+        window_attention_qkv(qkv, 2, torch.zeros(2, 9, 9), torch.zeros(3, 9, 9))
 
 
 @pytest.mark.parametrize('masked_windows', [0, 1, 4])
