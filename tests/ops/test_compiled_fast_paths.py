@@ -120,8 +120,12 @@ def test_mmengine_compile_trains_a_synthetic_segmentor(tmp_path):
     # minutes on 2 cores, so the same config key takes the 'aot_eager' backend here. mmengine
     # compiles train_step, optimizer step included, and dynamo (torch 2.13) fails on the param
     # groups of paramwise_cfg ("'UserDefinedDictVariable' object has no attribute 'items'",
-    # in Adam's step, whatever the backbone): the groups are left plain.
-    opts = {**synthetic_options('mmseg', data), **short(4, warmup=1, batch=2),
+    # in Adam's step, whatever the backbone): the groups are left plain. Two iterations, each
+    # logged: every iteration recompiles mmseg's data preprocessor (dynamo guards on the
+    # identity of each sample's img_path string), about 15 s each on 2 Zen 3 cores, so more
+    # iterations add time and nothing this test checks.
+    opts = {**synthetic_options('mmseg', data), **short(2, warmup=1, batch=2),
+            'default_hooks.logger.interval': 1,
             'compile.backend': 'aot_eager', 'optim_wrapper.paramwise_cfg': None}
     proc = subprocess.run([sys.executable, 'tools/train.py', config, '--work-dir', work,
                            *options_argv(opts)], cwd=ROOT, capture_output=True, text=True)
