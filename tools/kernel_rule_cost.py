@@ -28,6 +28,15 @@ kernel against 57 ms by the explicit per-image products, which won every block (
 after the chunking). The same run's other kinds kept their rules: float32 linears oneDNN 570 ms
 against MKL 1128; bf16 linears oneDNN 233 against F.linear 226 (within 3%); fc1 + GELU oneDNN
 fused 106 against 230 ms (fp32), 56 against 93 (bf16).
+
+What the float32 rules of AVX2 AMD rest on, remeasured (AMD EPYC Zen 3, family/model 25/1, 2
+threads, idle, 512x512 b2, 2026-12-02 12:32 UTC, three runs): attention flash 156-177 ms against
+explicit 203-240 (flash faster in every block: the rule stays the default); fc1 + GELU oneDNN
+fused 381-463 against 471-542; the linears oneDNN 1843-2050 against MKL 2111-2249, the opposite
+of the earlier Zen 3 host (1318 against 1202), but in the whole backbone MKL was still faster
+(``SWIN_RPE_LINEAR`` forced, ``tools/benchmark.py --shape 512 512 --no-compile``, b1: inference
+706 against 766 ms, train step 2173 against 2268), so the rule stays MKL: the per-shape figures
+here time each product alone, with its operands in cache.
 """
 import json
 import os

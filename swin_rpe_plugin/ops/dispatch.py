@@ -55,10 +55,12 @@ attention forward), is SDPA's flash kernel except in bf16 on AMD AVX-512, where 
 per-image products win: on the Xeon with AMX (2026-12-02, 512x512 b2, idle) flash took 69 ms over
 Swin-T's blocks against 89 for the explicit products in float32, and 57 against 87 in bf16; on AMD
 Zen 5 (family/model 26/2, avx512_bf16 without AMX; 2026-12-02, same case) 75 against 98 in float32
-but 82 against 57 in bf16, the explicit products faster in every block. The issue-25 profile of
-the AVX2 Zen 3 suggests the explicit products there too (mmdet's bmm + softmax took 8.5% of an
-inference against our flash kernel's 15.5%), not yet measured with the tool;
-``SWIN_RPE_ATTENTION=flash|explicit`` forces one.
+but 82 against 57 in bf16, the explicit products faster in every block; on the AVX2 Zen 3
+(family/model 25/1; 2026-12-02 12:32 UTC, same case, three runs) flash 156-177 against 203-240,
+flash faster in every block, so the rule stays flash there. On that Zen 3 host the linears timed
+alone favoured oneDNN (1843-2050 against MKL's 2111-2249 ms) while the whole backbone did not
+(512x512 b1: inference 766 against 706 ms, train step 2268 against 2173), so MKL stays the rule
+for AVX2. ``SWIN_RPE_ATTENTION=flash|explicit`` forces one.
 
 Imports torch only.
 """
