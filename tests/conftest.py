@@ -1,5 +1,6 @@
 import json
 import os
+import socket
 
 import pytest
 import torch
@@ -18,6 +19,43 @@ def reference():
     tests/fixtures/reference/README.md)."""
     with open(REFERENCE) as f:  # a missing file is a failure, not a skip
         return json.load(f)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs 2 workers), each worker gets its share of the cores:
+    two workers of two OpenMP threads each on 2 cores spin against each other (see
+    test_fuzz.py), and the tools a test starts in a subprocess inherit the share."""
+    workers = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '0'))
+    if workers > 1:
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        torch.set_num_threads(threads)
+        os.environ['OMP_NUM_THREADS'] = str(threads)
+
+
+def pytest_collection_modifyitems(items):
+    """Files marked ``heavy`` (minutes each) first, the rest in their order: `make test` hands
+    whole files to its workers in this order (``--no-loadscope-reorder``), so the run ends on
+    short files instead of one worker finishing a heavy file alone while the other idles."""
+    items.sort(key=lambda item: item.get_closest_marker('heavy') is None)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a gloo rendezvous: a fixed port would collide
+    when two test workers start distributed runs at once."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _fresh_compiler_caches():
+    """Each test file starts with dynamo's caches empty. Compiled code is cached per Python code
+    object for the whole process: after one file compiles the backbone's functions at many
+    sizes, the next file's compiles meet the recompile limit and are split into many small
+    graphs (models/test_compile.py's first test took 398 s after
+    ops/test_compiled_fast_paths.py instead of 19 s), so a file's cost would depend on which
+    files ran before it in its process."""
+    torch._dynamo.reset()
 
 
 @pytest.fixture(autouse=True)

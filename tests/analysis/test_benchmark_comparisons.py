@@ -15,6 +15,8 @@ import torch
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.heavy  # minutes: scheduled first (tests/conftest.py)
+
 REFERENCE = os.path.join(sys.prefix, 'reference')  # transformers, by tools/setup_env.sh
 CASE = ('kind', 'arch', 'shape', 'batch', 'mode', 'dtype')
 

@@ -18,6 +18,8 @@ from swin_rpe_plugin.datasets import make_synthetic_data
 from swin_rpe_plugin.deploy import ExportPart, get_runtime, verify
 from swin_rpe_plugin.engine.demo import options_argv, synthetic_options
 
+pytestmark = pytest.mark.heavy  # minutes: scheduled first (tests/conftest.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DET = os.path.join(ROOT, 'configs/synthetic/mask-rcnn_swin-rpe-tiny_fpn_shapes.py')
 

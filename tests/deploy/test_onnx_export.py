@@ -13,6 +13,8 @@ from conftest import salient_bias_tables
 from swin_rpe_plugin import SwinTransformer
 from swin_rpe_plugin.deploy import ExportPart, export_onnx, verify_onnx
 
+pytestmark = pytest.mark.heavy  # minutes: scheduled first (tests/conftest.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXPORT_SIZE = (1, 3, 64, 96)
 # Batch 2; odd sides; and 228 x 228, whose stage maps (57, 29, 15, 8) need window padding in

@@ -12,6 +12,8 @@ from swin_rpe_plugin.engine import UsageError, load_config
 from swin_rpe_plugin.engine.demo import options_argv, read_scalars, synthetic_options
 from swin_rpe_plugin.engine.run import use_amp
 
+pytestmark = pytest.mark.heavy  # minutes: scheduled first (tests/conftest.py)
+
 CONFIGS = {
     'mmseg': os.path.join(ROOT, 'configs/synthetic/upernet_swin-rpe-tiny_shapes-128x128.py'),
     'mmdet': os.path.join(ROOT, 'configs/synthetic/mask-rcnn_swin-rpe-tiny_fpn_shapes.py'),

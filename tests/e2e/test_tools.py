@@ -7,13 +7,15 @@ import sys
 import pytest
 import torch
 
-from conftest import short
+from conftest import free_port, short
 from swin_rpe_plugin.datasets import make_synthetic_data
 from swin_rpe_plugin.engine import (CheckpointMismatchError, ConfigArgumentError,
                                     MissingPathError, load_config)
 from swin_rpe_plugin.engine.config import adapt_to_device, check_backbone_arguments, \
     check_data_paths
 from swin_rpe_plugin.engine.demo import options_argv, read_scalars, synthetic_options
+
+pytestmark = pytest.mark.heavy  # minutes: scheduled first (tests/conftest.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SEG = os.path.join(ROOT, 'configs/synthetic/upernet_swin-rpe-tiny_shapes-128x128.py')
@@ -109,7 +111,7 @@ def test_distributed_training_two_gloo_processes(data, tmp_path):
     work = str(tmp_path / 'dist')
     opts = {**synthetic_options('mmseg', data), **short(2, warmup=1, batch=2)}
     proc = tool('bash', 'tools/dist_train.sh', SEG, '2', '--work-dir', work,
-                *options_argv(opts), env={'PORT': '29731', 'PYTHON': PY})
+                *options_argv(opts), env={'PORT': str(free_port()), 'PYTHON': PY})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'rank 0/2: training finished' in proc.stdout
     assert 'rank 1/2: training finished' in proc.stdout

@@ -1,7 +1,10 @@
 """torch.compile on a tiny backbone gives the eager outputs (and gradients)."""
+import pytest
 import torch
 
 from swin_rpe_plugin import SwinTransformer
+
+pytestmark = pytest.mark.heavy  # minutes: scheduled first (tests/conftest.py)
 
 TINY = dict(embed_dims=16, depths=(2, 2), num_heads=(1, 2), strides=(4, 2), out_indices=(0, 1),
             window_size=(7, 5), drop_path_rate=0.0)

@@ -16,6 +16,8 @@ from conftest import ROOT, short
 from swin_rpe_plugin import SwinTransformer
 from swin_rpe_plugin.ops import dispatch
 
+pytestmark = pytest.mark.heavy  # minutes: scheduled first (tests/conftest.py)
+
 TINY = dict(embed_dims=16, depths=(2, 2), num_heads=(1, 2), strides=(4, 2), out_indices=(0, 1),
             window_size=(7, 5), drop_path_rate=0.0)
 

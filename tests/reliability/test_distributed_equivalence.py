@@ -13,13 +13,13 @@ which is the gradient of the mean over 2b images. What would break it, and is sw
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from conftest import free_port
 from swin_rpe_plugin.datasets import make_synthetic_data
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -51,12 +51,6 @@ optim_wrapper = dict(_delete_=True, type='OptimWrapper',
 default_hooks = dict(checkpoint=dict(interval={iters}), logger=dict(interval=1))
 custom_hooks = [dict(type='RecordRank')]
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def losses(work_dir, rank):

@@ -19,6 +19,8 @@ import torch
 
 from swin_rpe_plugin.datasets import make_synthetic_data
 
+pytestmark = pytest.mark.heavy  # minutes: scheduled first (tests/conftest.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SEG = os.path.join(ROOT, 'configs/synthetic/upernet_swin-rpe-tiny_shapes-128x128.py')
