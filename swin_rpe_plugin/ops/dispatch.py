@@ -57,7 +57,10 @@ Swin-T's blocks against 89 for the explicit products in float32, and 57 against 
 Zen 5 (family/model 26/2, avx512_bf16 without AMX; 2026-12-02, same case) 75 against 98 in float32
 but 82 against 57 in bf16, the explicit products faster in every block; on the AVX2 Zen 3
 (family/model 25/1; 2026-12-02 12:32 UTC, same case, three runs) flash 156-177 against 203-240,
-flash faster in every block, so the rule stays flash there. On that Zen 3 host the linears timed
+flash faster in every block, so the rule stays flash there; in the whole backbone on that host
+(``tools/benchmark.py --shape 512 512 --batch 2 --no-compile``, inference, four alternating runs,
+16:55-17:00 UTC) flash gave 1.07 and 1.09x mmdet, explicit 1.10 and 1.01x: no difference above
+the host's noise. On that Zen 3 host the linears timed
 alone favoured oneDNN (1843-2050 against MKL's 2111-2249 ms) while the whole backbone did not
 (512x512 b1: inference 766 against 706 ms, train step 2268 against 2173), so MKL stays the rule
 for AVX2. ``SWIN_RPE_ATTENTION=flash|explicit`` forces one.
