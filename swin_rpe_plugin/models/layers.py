@@ -85,11 +85,27 @@ class PatchMerging(nn.Module):
         self.reduction = nn.Linear(4 * in_channels, out_channels, bias=False)
 
     def forward(self, x: Tensor, hw_shape: HW) -> Tuple[Tensor, HW]:
-        """[B, H*W, C] -> ([B, H'*W', C_out], (H', W')), H' = ceil(H / stride)."""
-        x, hw = self.neighbourhoods(x, hw_shape)
-        if self.norm is not None:
-            x = self.norm(x)
-        return linear(x, self.reduction.weight), hw
+        """[B, H*W, C] -> ([B, H'*W', C_out], (H', W')), H' = ceil(H / stride).
+
+        Backward keeps x, not the neighbourhoods and their norm (two tensors of x's size that
+        a copy and a norm give back): x is the stage output, which the output norm keeps."""
+        norm = self.norm if self.norm is not None else nn.Identity()
+        return self.reduce(x, hw_shape, norm, list(norm.parameters()))
+
+    def reduce(self, x: Tensor, hw_shape: HW, prefix: nn.Module,
+               prefix_params: list) -> Tuple[Tensor, HW]:
+        """``reduction(prefix(neighbourhoods(x)))``, the neighbourhoods and ``prefix``
+        recomputed in backward from x."""
+        merged_hw = []
+
+        def merge(t: Tensor) -> Tensor:
+            t, hw = self.neighbourhoods(t, hw_shape)
+            merged_hw[:] = [hw]
+            return prefix(t)
+
+        out = linear_with_recomputed_input(x, merge, prefix_params, self.reduction.weight,
+                                           None)
+        return out, merged_hw[0]
 
     def neighbourhoods(self, x: Tensor, hw_shape: HW) -> Tuple[Tensor, HW]:
         """[B, H*W, C] -> ([B, H'*W', 4C] concatenated 2x2 neighbourhoods, (H', W'))."""

@@ -31,7 +31,7 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model.weight_init import constant_init, trunc_normal_, trunc_normal_init
 from torch import Tensor
 
-from ..ops import (continuous_position_bias, linear, log_spaced_relative_coords,
+from ..ops import (continuous_position_bias, log_spaced_relative_coords,
                    resolve_pretrained_window, scaled_cosine_query_key, split_qkv,
                    to_window_tuple, window_attention)
 from ..registry import MODELS
@@ -144,8 +144,7 @@ class PatchMergingV2(PatchMerging):
 
     def forward(self, x: Tensor, hw_shape: HW) -> Tuple[Tensor, HW]:
         """[B, H*W, C] -> ([B, H'*W', C_out], (H', W')), H' = ceil(H / stride)."""
-        x, hw = self.neighbourhoods(x, hw_shape)
-        x = linear(x, self.reduction.weight)
+        x, hw = self.reduce(x, hw_shape, nn.Identity(), [])  # backward keeps x only
         return (x if self.norm is None else self.norm(x)), hw
 
 

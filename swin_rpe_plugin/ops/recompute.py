@@ -15,6 +15,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
+from torch.autograd.graph import get_gradient_edge
 
 from .dispatch import autocast_context, autocast_state, compute_dtype
 from .linear import linear, linear_residual
@@ -59,17 +60,24 @@ class _LinearRecomputedInput(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             y_flat = y.detach().reshape(-1, y.shape[-1]).to(product_dtype)
             grad_weight = (grad_flat.t() @ y_flat).to(ctx.weight_dtype)
+            del y_flat
         if ctx.has_bias and ctx.needs_input_grad[2]:
             # In the product's dtype, as autocast's own addmm backward sums it: ATen's bf16
             # sum accumulates in float32 and rounds once, while sum(dtype=float32) first casts
             # the whole gradient to float32 (12x slower on [32768, 384], Xeon with AMX).
             grad_bias = grad_flat.sum(0).to(ctx.weight_dtype)
-        with torch.no_grad():
-            grad_y = linear(grad_out, weight.t().to(product_dtype)).to(y.dtype)
         wanted = [t for t, need in zip([x_, *prefix_params],
                                        [ctx.needs_input_grad[0], *ctx.needs_input_grad[6:]])
                   if need]
-        grads = iter(torch.autograd.grad(y, wanted, grad_y) if wanted else ())
+        y_dtype = y.dtype
+        # Differentiate the prefix through y's gradient edge, and let y go before grad_y is
+        # made: LayerNorm's and GELU's backwards keep their inputs, not y, so one tensor of
+        # y's size less is live at the step's peak (fc2's input: 4 channel-widths).
+        root = get_gradient_edge(y) if wanted and y.grad_fn is not None else y
+        del y
+        with torch.no_grad():
+            grad_y = linear(grad_out, weight.t().to(product_dtype)).to(y_dtype)
+        grads = iter(torch.autograd.grad(root, wanted, grad_y) if wanted else ())
         grad_x = next(grads) if ctx.needs_input_grad[0] else None
         grad_params = [next(grads) if need else None for need in ctx.needs_input_grad[6:]]
         return (grad_x, grad_weight, grad_bias, grad_residual, None, None, *grad_params)

@@ -151,3 +151,41 @@ def test_bad_arguments_are_refused_with_their_name(kwargs, match):
 def test_bad_input_is_refused_with_its_shape(x, match):
     with pytest.raises(ValueError, match=match):
         SwinTransformer(**SMALL)(x)
+
+
+@pytest.mark.parametrize('hw', [(6, 8), (5, 7)], ids=['even', 'odd'])
+def test_patch_merging_matches_mmdets_and_keeps_only_its_input(hw):
+    """Outputs and gradients of mmdet's own PatchMerging (same weights), with backward keeping
+    x alone: the 2x2 neighbourhoods and their norm are recomputed from it, not kept."""
+    from mmdet.models.layers import PatchMerging as StockMerging
+
+    from swin_rpe_plugin.models.layers import PatchMerging
+    torch.manual_seed(0)
+    stock = StockMerging(8, 16)
+    with torch.no_grad():
+        stock.norm.weight.normal_(), stock.norm.bias.normal_()
+    ours = PatchMerging(8, 16)
+    ours.load_state_dict(stock.state_dict(), strict=True)
+    x = torch.randn(2, hw[0] * hw[1], 8)
+    params = {p.untyped_storage().data_ptr() for p in ours.parameters()}
+    kept = set()
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            kept.add(t.untyped_storage().data_ptr())
+        return t
+
+    results = []
+    for model, keep in ((stock, False), (ours, True)):
+        xi = x.clone().requires_grad_()
+        with torch.autograd.graph.saved_tensors_hooks(pack if keep else (lambda t: t),
+                                                      lambda t: t):
+            out, out_hw = model(xi, hw)
+        grads = torch.autograd.grad(out.square().sum(), [xi, *model.parameters()])
+        results.append((out, out_hw, grads))
+        if keep:
+            assert kept == {xi.untyped_storage().data_ptr()}
+    (ref, ref_hw, ref_grads), (out, out_hw, grads) = results
+    assert tuple(out_hw) == tuple(ref_hw) and torch.allclose(out, ref, atol=1e-5)
+    for got, expected in zip(grads, ref_grads):
+        assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4)
