@@ -4,7 +4,8 @@ In a Swin block the inputs of the big linear layers are cheap functions of tenso
 keeps anyway: LayerNorm (+ window gather) of the block input for qkv, LayerNorm of the residual
 for fc1, GELU of fc1's output for fc2. Keeping those inputs costs 6 of the ~16 channel-widths
 of activations a block stores; recomputing them costs a few elementwise passes in backward.
-Unlike activation checkpointing, the GEMM itself is never recomputed.
+A patch merging's reduction likewise recomputes its 2x2 neighbourhoods and their norm from
+the stage output. Unlike activation checkpointing, the GEMM itself is never recomputed.
 
 Under autocast the product runs in autocast's dtype and the prefix is recomputed in backward
 under the same autocast state as in forward, so both passes see the same numbers.
