@@ -26,8 +26,8 @@ forward and backward, and under ``saved_tensors_hooks`` and the profiler's memor
   the real step (``--profile``) is the check;
 - **kept for backward**: unique storages packed by autograd (``saved_tensors_hooks``),
   parameters excluded (their low-precision casts under autocast are counted, and also given
-  apart as ``saved_weight_cast_bytes``: a tensor of a weight's shape in bf16/fp16, the same
-  for both backbones); **allocator peak**: the running sum of the profiler's memory events
+  apart as ``saved_weight_cast_bytes``: a tensor of a weight's shape in bf16/fp16; mmdet's
+  side keeps one per weight, ours none); **allocator peak**: the running sum of the profiler's memory events
   over the step, above what was allocated before it.
 
 Kinds of the breakdown (:data:`KINDS`) go by operator, and by shape for elementwise ops: an

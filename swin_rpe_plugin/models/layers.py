@@ -15,7 +15,8 @@ from mmcv.cnn.bricks.transformer import build_dropout
 from torch import Tensor
 
 from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias, gather_tokens,
-                   linear, linear_residual, linear_with_recomputed_input,
+                   linear, linear_keeping_input, linear_residual,
+                   linear_with_recomputed_input,
                    relative_position_index, table_rows, to_window_tuple,
                    traceable_window_plan, window_attention_qkv)
 from ..ops.dispatch import autocast_context, is_tracing
@@ -280,8 +281,8 @@ class ShiftWindowMSA(nn.Module):
         proj = self.w_msa.proj
         if residual is not None and post_norm is None and not _drops(self.w_msa.proj_drop,
                                                                      self.drop):
-            return linear_residual(x, proj.weight, proj.bias, residual)
-        x = self.w_msa.proj_drop(linear(x, proj.weight, proj.bias))
+            return linear_keeping_input(x, proj.weight, proj.bias, residual)
+        x = self.w_msa.proj_drop(linear_keeping_input(x, proj.weight, proj.bias))
         x = self.drop(x if post_norm is None else post_norm(x))
         return x if residual is None else residual + x
 

@@ -5,7 +5,9 @@ keeps anyway: LayerNorm (+ window gather) of the block input for qkv, LayerNorm 
 for fc1, GELU of fc1's output for fc2. Keeping those inputs costs 6 of the ~16 channel-widths
 of activations a block stores; recomputing them costs a few elementwise passes in backward.
 A patch merging's reduction likewise recomputes its 2x2 neighbourhoods and their norm from
-the stage output. Unlike activation checkpointing, the GEMM itself is never recomputed.
+the stage output, and the attention's output projection takes an identity prefix (it keeps
+its input, as ``F.linear`` would). Unlike activation checkpointing, the GEMM itself is never
+recomputed. Under autocast the weight is kept in its own dtype and cast again in backward.
 
 Under autocast the product runs in autocast's dtype and the prefix is recomputed in backward
 under the same autocast state as in forward, so both passes see the same numbers.
@@ -21,7 +23,7 @@ from torch.autograd.graph import get_gradient_edge
 from .dispatch import autocast_context, autocast_state, compute_dtype
 from .linear import linear, linear_residual
 
-__all__ = ['linear_with_recomputed_input']
+__all__ = ['linear_keeping_input', 'linear_with_recomputed_input']
 
 
 class _LinearRecomputedInput(torch.autograd.Function):
@@ -35,11 +37,12 @@ class _LinearRecomputedInput(torch.autograd.Function):
         device = x.device.type
         ctx.autocast = autocast_state(device)  # (device, dtype, enabled); off where none
         ctx.weight_dtype = weight.dtype
-        # The weight in the product's dtype, cast once per step and kept for backward (as
-        # autocast's own autograd keeps its casts), so backward casts no weight again.
-        if ctx.autocast[2] and weight.is_floating_point():
-            weight = weight.to(ctx.autocast[1])
+        # Backward keeps the weight itself and casts it again: autocast's own autograd keeps
+        # its bf16/fp16 cast of every weight from forward to backward (2 bytes a parameter,
+        # 52 MiB for Swin-T), which a cast gives back for 6 bytes a parameter moved.
         ctx.save_for_backward(x, weight, *prefix_params)
+        if ctx.autocast[2] and weight.is_floating_point():
+            weight = weight.to(ctx.autocast[1])  # not _cast_parameter's cache: freed now
         with torch.no_grad():
             y = prefix(x)
             ctx.product_dtype = compute_dtype(y)
@@ -114,3 +117,15 @@ def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
             linear_residual(y, weight, bias, residual)
     return _LinearRecomputedInput.apply(x, weight, bias, residual, prefix, len(prefix_params),
                                         *prefix_params)
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
+def linear_keeping_input(x: Tensor, weight: Tensor, bias: Optional[Tensor],
+                         residual: Optional[Tensor] = None) -> Tensor:
+    """``linear(x, weight, bias)`` (``+ residual``) whose backward keeps x and the weight in
+    its own dtype: under autocast the weight's cast is made again in backward instead of
+    kept (see :func:`linear_with_recomputed_input`, with the identity as prefix)."""
+    return linear_with_recomputed_input(x, _identity, [], weight, bias, residual)
