@@ -194,7 +194,10 @@ class WorkCounter(TorchDispatchMode):
         else:
             # copy_, fill_ and zero_ overwrite their destination without reading it
             operands = args[1:] if name in _OVERWRITES else args
-            reads = _tensors(operands) + _tensors({k: v for k, v in kwargs.items() if k != 'out'})
+            # out arguments (``out``, ``grad_input``, ...) are written, not read
+            written = {a.name for a in func._schema.arguments if a.is_out}
+            reads = _tensors(operands) + _tensors({k: v for k, v in kwargs.items()
+                                                   if k not in written})
             moved = sum(_tensor_bytes(t) for t in reads + _tensors(out))
             kind = _KIND_OF_OP.get(name)
             if kind is None or (kind == 'cast/copy' and any(map(_square, reads))):

@@ -15,9 +15,9 @@ from mmcv.cnn.bricks.transformer import build_dropout
 from torch import Tensor
 
 from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias, gather_tokens,
-                   linear, linear_keeping_input, linear_residual,
-                   linear_with_recomputed_input,
-                   relative_position_index, table_rows, to_window_tuple,
+                   gelu_grad_in_place, linear, linear_keeping_input, linear_residual,
+                   linear_with_recomputed_input, relative_position_index, table_rows,
+                   to_window_tuple,
                    traceable_window_plan, window_attention_qkv)
 from ..ops.dispatch import autocast_context, is_tracing
 
@@ -61,18 +61,24 @@ class PatchEmbed(nn.Module):
     def forward(self, x: Tensor) -> Tuple[Tensor, HW]:
         """[B, C_in, H, W] -> ([B, ceil(H/p) * ceil(W/p), C], (ceil(H/p), ceil(W/p)))."""
         (ph, pw), conv = self.patch_size, self.projection
-        x = _corner_pad(x, self.patch_size, self.patch_size)
-        b, c, h, w = x.shape
-        hw = (h // ph, w // pw)
-        # [B, C_in, H', ph, W', pw] -> [B, H'W', C_in * ph * pw]: the conv weight's order.
-        patches = x.view(b, c, hw[0], ph, hw[1], pw).permute(0, 2, 4, 1, 3, 5)
-        patches = patches.reshape(b, hw[0] * hw[1], c * ph * pw)
+        grid = []
+
+        def patches(image: Tensor) -> Tensor:
+            # [B, C_in, H', ph, W', pw] -> [B, H'W', C_in * ph * pw]: the conv weight's order.
+            image = _corner_pad(image, self.patch_size, self.patch_size)
+            b, c, h, w = image.shape
+            grid[:] = [(h // ph, w // pw)]
+            rows = image.view(b, c, h // ph, ph, w // pw, pw).permute(0, 2, 4, 1, 3, 5)
+            return rows.reshape(b, -1, c * ph * pw).float()
+
+        # Backward keeps the image (the caller's, alive anyway), not a copy of it as rows.
         with autocast_context(x.device.type):  # autocast off, where the device has it
-            x = linear(patches.float(), conv.weight.flatten(1).float(),
-                       None if conv.bias is None else conv.bias.float()).to(x.dtype)
+            out = linear_with_recomputed_input(
+                x, patches, [], conv.weight.flatten(1).float(),
+                None if conv.bias is None else conv.bias.float()).to(x.dtype)
         if self.norm is not None:
-            x = self.norm(x)
-        return x, hw
+            out = self.norm(out)
+        return out, grid[0]
 
 
 class PatchMerging(nn.Module):
@@ -335,8 +341,11 @@ class FFN(nn.Module):
         hidden = linear_with_recomputed_input(x, norm, list(norm.parameters()), fc1.weight,
                                               fc1.bias)
         if not dropping:
-            out = linear_with_recomputed_input(hidden, act, list(act.parameters()), fc2.weight,
-                                               fc2.bias, residual=identity if fused else None)
+            # Exact GELU's gradient is written over fc2's input gradient (no autograd graph).
+            out = linear_with_recomputed_input(
+                hidden, act, list(act.parameters()), fc2.weight, fc2.bias,
+                residual=identity if fused else None,
+                prefix_grad_in_place=gelu_grad_in_place if _is_exact_gelu(act) else None)
             return out if fused else identity + self.dropout_layer(post_norm(out))
         out = drop2(fc2(drop1(act(hidden))))
         return identity + self.dropout_layer(post_norm(out))

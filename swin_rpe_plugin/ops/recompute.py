@@ -5,9 +5,11 @@ keeps anyway: LayerNorm (+ window gather) of the block input for qkv, LayerNorm 
 for fc1, GELU of fc1's output for fc2. Keeping those inputs costs 6 of the ~16 channel-widths
 of activations a block stores; recomputing them costs a few elementwise passes in backward.
 A patch merging's reduction likewise recomputes its 2x2 neighbourhoods and their norm from
-the stage output, and the attention's output projection takes an identity prefix (it keeps
-its input, as ``F.linear`` would). Unlike activation checkpointing, the GEMM itself is never
-recomputed. Under autocast the weight is kept in its own dtype and cast again in backward.
+the stage output, the patch embedding its rows of patches from the image, and the attention's
+output projection takes an identity prefix (it keeps its input, as ``F.linear`` would).
+Unlike activation checkpointing, the GEMM itself is never recomputed. Under autocast the
+weight is kept in its own dtype and cast again in backward. GELU's gradient is written over
+fc2's input gradient, without autograd, so no second tensor of that size is made.
 
 Under autocast the product runs in autocast's dtype and the prefix is recomputed in backward
 under the same autocast state as in forward, so both passes see the same numbers.
@@ -23,16 +25,17 @@ from torch.autograd.graph import get_gradient_edge
 from .dispatch import autocast_context, autocast_state, compute_dtype
 from .linear import linear, linear_residual
 
-__all__ = ['linear_keeping_input', 'linear_with_recomputed_input']
+__all__ = ['gelu_grad_in_place', 'linear_keeping_input', 'linear_with_recomputed_input']
 
 
 class _LinearRecomputedInput(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor],
-                residual: Optional[Tensor], prefix: Callable, num_prefix_params: int,
-                *prefix_params: Tensor) -> Tensor:
-        ctx.prefix, ctx.num_prefix_params = prefix, num_prefix_params
+                residual: Optional[Tensor], prefix: Callable, prefix_grad: Optional[Callable],
+                num_prefix_params: int, *prefix_params: Tensor) -> Tensor:
+        ctx.prefix, ctx.prefix_grad = prefix, prefix_grad
+        ctx.num_prefix_params = num_prefix_params
         ctx.has_bias = bias is not None
         device = x.device.type
         ctx.autocast = autocast_state(device)  # (device, dtype, enabled); off where none
@@ -53,8 +56,9 @@ class _LinearRecomputedInput(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         x, weight, *prefix_params = ctx.saved_tensors
-        with torch.enable_grad(), autocast_context(*ctx.autocast):
-            x_ = x.detach().requires_grad_(ctx.needs_input_grad[0])
+        in_place = ctx.prefix_grad is not None  # the prefix's gradient without autograd
+        with torch.set_grad_enabled(not in_place), autocast_context(*ctx.autocast):
+            x_ = x.detach().requires_grad_(ctx.needs_input_grad[0] and not in_place)
             y = ctx.prefix(x_)
         grad_residual = grad_out if ctx.needs_input_grad[3] else None
         product_dtype = ctx.product_dtype
@@ -71,26 +75,29 @@ class _LinearRecomputedInput(torch.autograd.Function):
             # the whole gradient to float32 (12x slower on [32768, 384], Xeon with AMX).
             grad_bias = grad_flat.sum(0).to(ctx.weight_dtype)
         wanted = [t for t, need in zip([x_, *prefix_params],
-                                       [ctx.needs_input_grad[0], *ctx.needs_input_grad[6:]])
-                  if need]
+                                       [ctx.needs_input_grad[0], *ctx.needs_input_grad[7:]])
+                  if need and not in_place]
         y_dtype = y.dtype
         # Differentiate the prefix through y's gradient edge, and let y go before grad_y is
         # made: LayerNorm's and GELU's backwards keep their inputs, not y, so one tensor of
         # y's size less is live at the step's peak (fc2's input: 4 channel-widths).
-        root = get_gradient_edge(y) if wanted and y.grad_fn is not None else y
+        root = None if not wanted else get_gradient_edge(y) if y.grad_fn is not None else y
         del y
         with torch.no_grad():
             grad_y = linear(grad_out, weight.t().to(product_dtype)).to(y_dtype)
+        if in_place:  # into grad_y's memory: no second tensor of y's size at the peak
+            grad_x = ctx.prefix_grad(x, grad_y) if ctx.needs_input_grad[0] else None
+            return (grad_x, grad_weight, grad_bias, grad_residual, None, None, None)
         grads = iter(torch.autograd.grad(root, wanted, grad_y) if wanted else ())
         grad_x = next(grads) if ctx.needs_input_grad[0] else None
-        grad_params = [next(grads) if need else None for need in ctx.needs_input_grad[6:]]
-        return (grad_x, grad_weight, grad_bias, grad_residual, None, None, *grad_params)
+        grad_params = [next(grads) if need else None for need in ctx.needs_input_grad[7:]]
+        return (grad_x, grad_weight, grad_bias, grad_residual, None, None, None, *grad_params)
 
 
 def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
                                  prefix_params: Sequence[Tensor], weight: Tensor,
-                                 bias: Optional[Tensor],
-                                 residual: Optional[Tensor] = None) -> Tensor:
+                                 bias: Optional[Tensor], residual: Optional[Tensor] = None,
+                                 prefix_grad_in_place: Optional[Callable] = None) -> Tensor:
     """``linear(prefix(x), weight, bias)`` (``+ residual`` if given, added by the product
     itself where :func:`~.linear.linear_residual` can), keeping x instead of prefix(x) for
     backward.
@@ -102,6 +109,9 @@ def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
         prefix_params: the parameters prefix uses (they receive gradients).
         weight, bias: of the linear layer, [C_out, C_in] and [C_out].
         residual: [..., C_out] added to the output (its gradient is the output's), or None.
+        prefix_grad_in_place: for a prefix without parameters, ``(x, grad of prefix(x)) ->
+            grad of x`` written into the given gradient's memory (:func:`gelu_grad_in_place`),
+            used instead of autograd through the recomputed prefix.
 
     Returns:
         [..., C_out].
@@ -115,8 +125,10 @@ def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
         y = prefix(x)
         return linear(y, weight, bias) if residual is None else \
             linear_residual(y, weight, bias, residual)
-    return _LinearRecomputedInput.apply(x, weight, bias, residual, prefix, len(prefix_params),
-                                        *prefix_params)
+    if prefix_params:
+        prefix_grad_in_place = None
+    return _LinearRecomputedInput.apply(x, weight, bias, residual, prefix, prefix_grad_in_place,
+                                        len(prefix_params), *prefix_params)
 
 
 def _identity(x: Tensor) -> Tensor:
@@ -129,3 +141,9 @@ def linear_keeping_input(x: Tensor, weight: Tensor, bias: Optional[Tensor],
     its own dtype: under autocast the weight's cast is made again in backward instead of
     kept (see :func:`linear_with_recomputed_input`, with the identity as prefix)."""
     return linear_with_recomputed_input(x, _identity, [], weight, bias, residual)
+
+
+def gelu_grad_in_place(x: Tensor, grad: Tensor) -> Tensor:
+    """The gradient of the exact (erf) GELU at x, written over ``grad`` (GELU's output
+    gradient, of x's shape and dtype): autograd's own kernel, one pass, no new tensor."""
+    return torch.ops.aten.gelu_backward.grad_input(grad, x, approximate='none', grad_input=grad)

@@ -93,3 +93,14 @@ def test_copy_and_fill_write_their_destination_without_reading_it():
     assert count_work(lambda s: dst.fill_(1.0), src)['bytes_outside'] == size
     assert count_work(lambda s: dst.zero_(), src)['bytes_outside'] == size
     assert count_work(lambda s: dst.add_(s.t()), src)['bytes_outside'] == 3 * size
+
+
+def test_out_arguments_are_written_not_read_whatever_their_name():
+    """``gelu_backward``'s out argument is ``grad_input``: written over the output gradient
+    it reads, the kernel reads two tensors and writes one, like the out-of-place call."""
+    x, grad = torch.randn(64, 32), torch.randn(64, 32)
+    size = x.numel() * 4
+    in_place = count_work(lambda g: torch.ops.aten.gelu_backward.grad_input(
+        g, x, approximate='none', grad_input=g), grad)
+    fresh = count_work(lambda g: torch.ops.aten.gelu_backward(g, x), grad)
+    assert in_place['bytes_outside'] == fresh['bytes_outside'] == 3 * size

@@ -153,6 +153,47 @@ def test_bad_input_is_refused_with_its_shape(x, match):
         SwinTransformer(**SMALL)(x)
 
 
+@pytest.mark.parametrize('hw', [(16, 24), (17, 22)])
+def test_patch_embed_matches_mmdets_and_keeps_only_the_image(hw):
+    """Outputs and gradients of mmdet's own PatchEmbed (conv, corner padding, norm; same
+    weights), with backward's projection keeping the caller's image, not its rows of patches
+    (recomputed in backward): besides the image only the norm keeps a tensor, its input."""
+    from mmdet.models.layers import PatchEmbed as StockEmbed
+
+    from swin_rpe_plugin.models.layers import PatchEmbed
+    torch.manual_seed(0)
+    stock = StockEmbed(in_channels=3, embed_dims=8, kernel_size=4, stride=4,
+                       norm_cfg=dict(type='LN'))
+    with torch.no_grad():
+        stock.norm.weight.normal_(), stock.norm.bias.normal_()
+    ours = PatchEmbed(3, 8, (4, 4), dict(type='LN'))
+    ours.load_state_dict(stock.state_dict(), strict=True)
+    image = torch.randn(2, 3, *hw)
+    params = {p.untyped_storage().data_ptr() for p in ours.parameters()}
+    kept = []
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            kept.append(t)
+        return t
+
+    out_ref, grid_ref = stock(image)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out, grid = ours(image)
+    assert tuple(grid) == tuple(grid_ref) and torch.allclose(out, out_ref, atol=1e-5)
+    # The image, the norm's input, and the norm's per-token statistics (mean, 1/std).
+    shapes = sorted(tuple(t.shape) for t in kept)
+    assert shapes == sorted([tuple(image.shape), tuple(out.shape), (*out.shape[:2], 1),
+                             (*out.shape[:2], 1)]), shapes
+    assert any(t.untyped_storage().data_ptr() == image.untyped_storage().data_ptr()
+               for t in kept)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, list(ours.parameters()), g)
+    expected = torch.autograd.grad(out_ref, list(stock.parameters()), g)
+    for a, b in zip(got, expected):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize('hw', [(6, 8), (5, 7)], ids=['even', 'odd'])
 def test_patch_merging_matches_mmdets_and_keeps_only_its_input(hw):
     """Outputs and gradients of mmdet's own PatchMerging (same weights), with backward keeping

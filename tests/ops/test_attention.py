@@ -178,6 +178,28 @@ def test_linear_with_recomputed_input_matches_autograd():
         assert torch.allclose(a, b, atol=1e-10)
 
 
+def test_gelu_prefix_gradient_in_place_matches_autograd():
+    """fc2's path: exact GELU recomputed from the kept fc1 output, its gradient written over
+    fc2's input gradient instead of autograd through the recomputed GELU; with the residual
+    added by the product. Against plain autograd in float64."""
+    from swin_rpe_plugin.ops import gelu_grad_in_place, linear_with_recomputed_input
+    gelu = torch.nn.GELU()
+    weight = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, 7, 6, dtype=torch.float64, requires_grad=True)
+    residual = torch.randn(2, 7, 5, dtype=torch.float64, requires_grad=True)
+    inputs = (x, weight, bias, residual)
+    out = linear_with_recomputed_input(x, gelu, [], weight, bias, residual,
+                                       prefix_grad_in_place=gelu_grad_in_place)
+    ref = residual + torch.nn.functional.linear(gelu(x), weight, bias)
+    assert torch.allclose(out, ref)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, g)
+    expected = torch.autograd.grad(ref, inputs, g)
+    for a, b in zip(got, expected):
+        assert torch.allclose(a, b, atol=1e-10)
+
+
 def test_backward_fake_kernel_strides_match_the_kernel():
     """inductor asserts a registered op's output strides against its fake kernel. With q, k,
     v the strided views of a qkv projection (as SwinV2 passes them) the kernel returns dense
