@@ -158,6 +158,15 @@ def test_bf16_backward_is_bf16_products_with_float32_softmax(masked_windows, nat
         assert err < 1.5e-2, (name, float(err))
 
 
+def _assert_same_values_and_gradients(out, ref, inputs):
+    assert torch.allclose(out, ref)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, g)
+    expected = torch.autograd.grad(ref, inputs, g)
+    for a, b in zip(got, expected):
+        assert torch.allclose(a, b, atol=1e-10)
+
+
 def test_linear_with_recomputed_input_matches_autograd():
     from swin_rpe_plugin.ops import linear_with_recomputed_input
     norm = torch.nn.LayerNorm(6).double()
@@ -170,12 +179,7 @@ def test_linear_with_recomputed_input_matches_autograd():
     inputs = (x, weight, bias, norm.weight, norm.bias)
     out = linear_with_recomputed_input(x, prefix, list(norm.parameters()), weight, bias)
     ref = torch.nn.functional.linear(prefix(x), weight, bias)
-    assert torch.allclose(out, ref)
-    g = torch.randn_like(out)
-    got = torch.autograd.grad(out, inputs, g)
-    expected = torch.autograd.grad(ref, inputs, g)
-    for a, b in zip(got, expected):
-        assert torch.allclose(a, b, atol=1e-10)
+    _assert_same_values_and_gradients(out, ref, inputs)
 
 
 def test_gelu_prefix_gradient_in_place_matches_autograd():
@@ -192,12 +196,7 @@ def test_gelu_prefix_gradient_in_place_matches_autograd():
     out = linear_with_recomputed_input(x, gelu, [], weight, bias, residual,
                                        prefix_grad_in_place=gelu_grad_in_place)
     ref = residual + torch.nn.functional.linear(gelu(x), weight, bias)
-    assert torch.allclose(out, ref)
-    g = torch.randn_like(out)
-    got = torch.autograd.grad(out, inputs, g)
-    expected = torch.autograd.grad(ref, inputs, g)
-    for a, b in zip(got, expected):
-        assert torch.allclose(a, b, atol=1e-10)
+    _assert_same_values_and_gradients(out, ref, inputs)
 
 
 def test_backward_fake_kernel_strides_match_the_kernel():
