@@ -7,17 +7,21 @@
 class (so that two processes compute the same bits). This prints, per product shape of the
 backbone (forward and input gradient), the median time of each library and the time the whole
 backbone's linears would save if each shape took the faster one: the cost of the rule against a
-per-shape choice. Then the kind 'linear_gelu' (fc1 at inference): oneDNN with GELU in its
-epilogue against MKL's product followed by a GELU pass, with the bias in both. Then the kind
-'attention': the CPU path's window attention forward (``swin_rpe::window_attention``, each
-stage's regular and shifted blocks with their real window plans) by SDPA's flash kernel and by
-the explicit per-image products. ``--dtype bf16`` times every product in bf16 (the rules for
-bf16; meaningful only on a CPU that multiplies bf16 natively).
+per-shape choice. Then the kind 'linear_gelu' (fc1 at inference): the layer's own call
+(``ops.linear(..., gelu=True)``), oneDNN with GELU in its epilogue against MKL's product followed
+by an in-place GELU pass, with the bias in both. Then the kind 'attention': the CPU path's window
+attention forward (``swin_rpe::window_attention``, each stage's regular and shifted blocks with
+their real window plans) by SDPA's flash kernel and by the explicit per-image products. ``--dtype
+bf16`` times every product in bf16 (the rules for bf16; meaningful only on a CPU that multiplies
+bf16 natively).
 
-What the 'linear_gelu' rule rests on (AMD EPYC Zen 3, AVX2, 2 threads, idle, 512x512 b2, five
-repeats, 2026-12-02 00:05 UTC): the backbone's fc1 + GELU take 423 ms with oneDNN's fused
-epilogue against 543 ms for MKL's product and a GELU pass; per stage 72 / 36 / 27 / 24 ms
-against 119 / 33 / 28 / 34 ms (MKL wins only stage 1's 8192 x 192 -> 768, by 7%).
+What the 'linear_gelu' rule of AVX2 rests on (AMD EPYC Zen 3, family/model 25/1, 2 threads,
+idle, 512x512 b2, five repeats, 2026-12-03 02:20 UTC): the backbone's fc1 + GELU take 326 ms with
+oneDNN's fused epilogue against 244 ms for MKL's product and a GELU pass; per stage 41.6 / 25.7 /
+24.3 / 22.8 ms against 37.9 / 22.9 / 15.2 / 15.6. The same host's first figures (423 against 543,
+2026-12-02) timed ``F.gelu(F.linear(...))``: an out-of-place GELU whose fresh 4C-wide output
+(48 MiB on stage 1) costs glibc's fresh pages, 18 ms of page faults a call, which the layer's
+in-place GELU does not pay. The AVX-512 figures below were timed that way too.
 
 What the 'attention' rule for bf16 on AMD AVX-512 rests on (AMD EPYC Zen 5, family/model 26/2,
 avx512_bf16 without AMX, 2 threads, idle, 512x512 b2, five repeats, 2026-12-02 05:45 UTC,
@@ -31,12 +35,11 @@ fused 106 against 230 ms (fp32), 56 against 93 (bf16).
 
 What the float32 rules of AVX2 AMD rest on, remeasured (AMD EPYC Zen 3, family/model 25/1, 2
 threads, idle, 512x512 b2, 2026-12-02 12:32 UTC, three runs): attention flash 156-177 ms against
-explicit 203-240 (flash faster in every block: the rule stays the default); fc1 + GELU oneDNN
-fused 381-463 against 471-542; the linears oneDNN 1843-2050 against MKL 2111-2249, the opposite
-of the earlier Zen 3 host (1318 against 1202), but in the whole backbone MKL was still faster
-(``SWIN_RPE_LINEAR`` forced, ``tools/benchmark.py --shape 512 512 --no-compile``, b1: inference
-706 against 766 ms, train step 2173 against 2268), so the rule stays MKL: the per-shape figures
-here time each product alone, with its operands in cache.
+explicit 203-240 (flash faster in every block: the rule stays the default); the linears oneDNN
+1843-2050 against MKL 2111-2249, the opposite of the earlier Zen 3 host (1318 against 1202), but in
+the whole backbone MKL was still faster (``SWIN_RPE_LINEAR`` forced, ``tools/benchmark.py --shape
+512 512 --no-compile``, b1: inference 706 against 766 ms, train step 2173 against 2268), so the
+rule stays MKL: the per-shape figures here time each product alone, with its operands in cache.
 """
 import json
 import os
@@ -51,6 +54,7 @@ from swin_rpe_plugin.analysis.models import ARCHS  # noqa: E402
 from swin_rpe_plugin.cli import ArgumentParser  # noqa: E402
 from swin_rpe_plugin.ops.attention import split_qkv  # noqa: E402
 from swin_rpe_plugin.ops.dispatch import choose_kernel, force_kernel  # noqa: E402
+from swin_rpe_plugin.ops.linear import linear  # noqa: E402
 from swin_rpe_plugin.ops.plan import window_plan  # noqa: E402
 
 DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16}
@@ -143,9 +147,10 @@ def main(argv=None) -> int:
         if not name.endswith('.fc1'):
             continue
         x, weight, bias = (torch.randn(*size, dtype=dtype) for size in ((rows, k), (n, k), (n,)))
-        t = {'onednn': median_ms(lambda: onednn(x, weight, bias, 'gelu', [], 'none'),
-                                 args.repeats),
-             'mkl': median_ms(lambda: F.gelu(F.linear(x, weight, bias)), args.repeats)}
+        t = {}
+        for lib in gelu_totals:  # the layer's own call, as the backbone makes it
+            with force_kernel('linear_gelu', lib), force_kernel('linear', 'mkl'):
+                t[lib] = median_ms(lambda: linear(x, weight, bias, gelu=True), args.repeats)
         gelu_records.append(dict(name=name + '+gelu', rows=rows, k=k, n=n, count=count, **t))
         for lib in t:
             gelu_totals[lib] += count * t[lib]

@@ -46,24 +46,29 @@ model and needs a reset path. The rule gives the same kernel for every shape in 
 ``torch.use_deterministic_algorithms(True)`` (and mmengine's ``randomness.deterministic=True``)
 needs nothing more here: every CPU kernel on these paths is run-to-run deterministic at a fixed
 thread count. ``SWIN_RPE_LINEAR=onednn|mkl`` (or :func:`force_kernel`) forces one; tests run each.
-A second kind, ``linear_gelu`` (fc1 at inference), is oneDNN's on every CPU where oneDNN has the
-dtype: its epilogue adds the bias and applies GELU, two passes of the 4C-wide output fewer than
-MKL's product and a GELU pass (``tools/kernel_rule_cost.py`` on Zen 3: 423 against 543 ms over
-Swin-T's fc1s at 512x512 b2); ``SWIN_RPE_LINEAR_GELU`` forces it (on the Intel AMX machine: 144
-against 164 ms in float32, 46 against 75 in bf16). A third, ``attention`` (the CPU path's window
-attention forward), is SDPA's flash kernel except in bf16 on AMD AVX-512, where the explicit
-per-image products win: on the Xeon with AMX (2026-12-02, 512x512 b2, idle) flash took 69 ms over
-Swin-T's blocks against 89 for the explicit products in float32, and 57 against 87 in bf16; on AMD
-Zen 5 (family/model 26/2, avx512_bf16 without AMX; 2026-12-02, same case) 75 against 98 in float32
-but 82 against 57 in bf16, the explicit products faster in every block; on the AVX2 Zen 3
+A second kind, ``linear_gelu`` (fc1 at inference), is oneDNN's on CPUs with AVX-512 (where oneDNN
+has the dtype): its epilogue adds the bias and applies GELU, two passes of the 4C-wide output fewer
+than MKL's product and a GELU pass (on the Intel AMX machine: 144 against 164 ms in float32, 46
+against 75 in bf16; on Zen 5 106 against 230 in float32). On AVX2 it is MKL's: there oneDNN's GELU
+epilogue costs more than the pass it saves (``tools/kernel_rule_cost.py``, Zen 3 25/1, 512x512 b2,
+2026-12-03 02:20 UTC: oneDNN fused 326 ms against MKL's product and an in-place GELU 244 ms over
+Swin-T's fc1s, MKL faster on every stage; in the whole backbone, inference, three alternating runs:
+889-936 against 796-840 ms). The earlier figures on AVX2 (423 against 543) timed an out-of-place
+GELU, whose fresh 4C-wide output cost page faults the layer no longer pays; the AVX-512 figures
+above were timed that way too. ``SWIN_RPE_LINEAR_GELU`` forces it. A third, ``attention`` (the CPU
+path's window attention forward), is SDPA's flash kernel except in bf16 on AMD AVX-512, where the
+explicit per-image products win: on the Xeon with AMX (2026-12-02, 512x512 b2, idle) flash took 69
+ms over Swin-T's blocks against 89 for the explicit products in float32, and 57 against 87 in bf16;
+on AMD Zen 5 (family/model 26/2, avx512_bf16 without AMX; 2026-12-02, same case) 75 against 98 in
+float32 but 82 against 57 in bf16, the explicit products faster in every block; on the AVX2 Zen 3
 (family/model 25/1; 2026-12-02 12:32 UTC, same case, three runs) flash 156-177 against 203-240,
 flash faster in every block, so the rule stays flash there; in the whole backbone on that host
 (``tools/benchmark.py --shape 512 512 --batch 2 --no-compile``, inference, four alternating runs,
-16:55-17:00 UTC) flash gave 1.07 and 1.09x mmdet, explicit 1.10 and 1.01x: no difference above
-the host's noise. On that Zen 3 host the linears timed
-alone favoured oneDNN (1843-2050 against MKL's 2111-2249 ms) while the whole backbone did not
-(512x512 b1: inference 766 against 706 ms, train step 2268 against 2173), so MKL stays the rule
-for AVX2. ``SWIN_RPE_ATTENTION=flash|explicit`` forces one.
+16:55-17:00 UTC) flash gave 1.07 and 1.09x mmdet, explicit 1.10 and 1.01x: no difference above the
+host's noise. On that Zen 3 host the linears timed alone favoured oneDNN (1843-2050 against MKL's
+2111-2249 ms) while the whole backbone did not (512x512 b1: inference 766 against 706 ms, train
+step 2268 against 2173), so MKL stays the rule for AVX2. ``SWIN_RPE_ATTENTION=flash|explicit``
+forces one.
 
 Imports torch only.
 """
@@ -163,19 +168,18 @@ KERNELS = {'linear': ('onednn', 'mkl'), 'linear_gelu': ('onednn', 'mkl'),
 _CPU_CLASSES = [f'{vendor}-{isa}' for vendor in ('amd', 'intel', 'other')
                 for isa in ('avx512', 'avx2')]
 # (kind, device type, dtype, CPU class) -> kernel; anything not listed takes the kind's default
-# (the standard library). bf16 without AVX-512 is MKL's because oneDNN has no bf16 inner
-# product there; on Intel with AMX it is F.linear's too, which was faster there (see the
-# module docstring). fc1 + GELU at inference is oneDNN's wherever oneDNN has the dtype: the
-# fused epilogue saves two passes of the 4C-wide output (tools/kernel_rule_cost.py, Zen 3:
-# see its docstring). The attention forward is the flash kernel's (the default) but in bf16 on
-# AMD AVX-512 (Zen 5), where the explicit products took 57 ms against flash's 82.
+# (the standard library). bf16 without AVX-512 is MKL's because oneDNN has no bf16 inner product
+# there; on Intel with AMX it is F.linear's too, which was faster there (see the module docstring).
+# fc1 + GELU at inference is oneDNN's on AVX-512, where the fused epilogue saves two passes of the
+# 4C-wide output and time; on AVX2 its GELU epilogue is slower than MKL's product and a GELU pass
+# (see the module docstring). The attention forward is the flash kernel's (the default) but in bf16
+# on AMD AVX-512 (Zen 5), where the explicit products took 57 ms against flash's 82.
 KERNEL_RULES: Dict[tuple, str] = {
     ('linear', 'cpu', torch.float32, 'amd-avx512'): 'onednn',
     ('linear', 'cpu', torch.bfloat16, 'amd-avx512'): 'onednn',
     ('linear', 'cpu', torch.bfloat16, 'other-avx512'): 'onednn',
-    **{('linear_gelu', 'cpu', torch.float32, cpu): 'onednn' for cpu in _CPU_CLASSES},
-    **{('linear_gelu', 'cpu', torch.bfloat16, cpu): 'onednn' for cpu in _CPU_CLASSES
-       if cpu.endswith('avx512')},
+    **{('linear_gelu', 'cpu', dtype, cpu): 'onednn' for cpu in _CPU_CLASSES
+       if cpu.endswith('avx512') for dtype in (torch.float32, torch.bfloat16)},
     ('attention', 'cpu', torch.bfloat16, 'amd-avx512'): 'explicit',
 }
 DEFAULT_KERNELS = {'linear': 'mkl', 'linear_gelu': 'mkl', 'attention': 'flash'}

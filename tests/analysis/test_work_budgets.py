@@ -3,7 +3,7 @@ the same weights in the same run.
 
 The counts do not depend on the CPU or on load, so a change that adds a pass over a tensor or
 keeps one more for backward fails here on any machine. The kernel rules are forced to what
-every CPU can run (MKL linears, oneDNN's fc1 + GELU in float32, SDPA's flash kernel for the
+every CPU can run (MKL linears, fc1 + GELU by each library in float32, SDPA's flash kernel for the
 attention forward, the bf16 attention backward in bf16 as on CPUs with native bf16), so the
 counts are the same wherever the suite runs.
 ``BUDGETS`` holds our counts as measured when they were set: lower them when a change saves
@@ -17,8 +17,8 @@ from swin_rpe_plugin.analysis.benchmark import backbone_work
 from swin_rpe_plugin.ops import window_products
 from swin_rpe_plugin.ops.dispatch import force_kernel
 
-# (mode, dtype, the library of fc1 + GELU at inference): MKL (product, then GELU) everywhere,
-# and oneDNN's fused epilogue, which the rule takes on every CPU in float32.
+# (mode, dtype, the library of fc1 + GELU at inference): MKL (product, then GELU), the rule on
+# AVX2 CPUs, and oneDNN's fused epilogue, the rule on AVX-512 CPUs in float32.
 CASES = [('infer', 'fp32', 'onednn'), ('infer', 'fp32', 'mkl'), ('train', 'fp32', 'mkl'),
          ('infer', 'bf16', 'mkl'), ('train', 'bf16', 'mkl')]
 # case -> side -> (bytes moved outside the products, kept for backward, allocator peak),
@@ -26,13 +26,13 @@ CASES = [('infer', 'fp32', 'onednn'), ('infer', 'fp32', 'mkl'), ('train', 'fp32'
 # is sized by the instruction set of the kernel it picks, so the peak would depend on the CPU.
 BUDGETS = {
     ('infer', 'fp32', 'onednn'): {'ours': (150_605_316, None, None),
-                                  'ours_generic': (242_196_996, None, 14_450_688)},
-    ('infer', 'fp32', 'mkl'): {'ours': (242_196_996, None, 14_450_688),
-                               'ours_generic': (242_196_996, None, 14_450_688)},
+                                  'ours_generic': (242_196_996, None, 9_633_792)},
+    ('infer', 'fp32', 'mkl'): {'ours': (242_196_996, None, 9_633_792),
+                               'ours_generic': (242_196_996, None, 9_633_792)},
     ('train', 'fp32', 'mkl'): {'ours': (750_563_040, 63_195_496, 153_482_184),
                                'ours_generic': (750_563_040, 63_195_496, 153_482_184)},
-    ('infer', 'bf16', 'mkl'): {'ours': (164_896_644, None, 9_633_792),
-                               'ours_generic': (168_440_520, None, 9_633_792)},
+    ('infer', 'bf16', 'mkl'): {'ours': (164_896_644, None, 9_031_680),
+                               'ours_generic': (168_440_520, None, 9_031_680)},
     ('train', 'bf16', 'mkl'): {'ours': (1_062_914_016, 36_476_776, 136_397_256),
                                'ours_generic': (1_066_457_892, 36_476_776, 136_397_256)},
 }
@@ -96,8 +96,9 @@ def test_product_flops_are_mmdets_and_the_seed_tables(records, reference):
 
 @pytest.mark.parametrize('dtype', ['fp32', 'bf16'])
 def test_inference_moves_at_most_half_of_mmdets_bytes(records, dtype):
-    """Issue 25's target for inference on the CPU path, met in both dtypes: float32 with fc1's
-    GELU in oneDNN's epilogue (the rule on every CPU), bf16 with the weights' casts kept
+    """Issue 25's target for inference on the CPU path: float32 with fc1's GELU in oneDNN's
+    epilogue (the rule on AVX-512 CPUs; AVX2 CPUs take MKL's product and a GELU pass, which is
+    faster there and moves what the generic path moves), bf16 with the weights' casts kept
     between calls, which the generic path shares."""
     infer = records[('infer', 'fp32', 'onednn') if dtype == 'fp32' else ('infer', dtype, 'mkl')]
     assert infer['ours']['bytes_outside'] <= 0.5 * infer['mmdet']['bytes_outside']

@@ -150,6 +150,13 @@ def test_kernel_choice_is_a_fixed_rule_and_can_be_forced(monkeypatch):
         assert choose_kernel('linear', 'cpu', fp32, 'amd-avx512') == 'mkl'
     with force_kernel('linear', 'onednn'):
         assert choose_kernel('linear', 'cpu', fp32, 'amd-avx2') == 'onednn'
+    # fc1 + GELU at inference: oneDNN's epilogue on AVX-512, MKL and a GELU pass on AVX2 (where
+    # oneDNN's GELU epilogue was the slower one on Zen 3).
+    for cpu in ('amd-avx512', 'intel-avx512', 'other-avx512', 'amd-avx2', 'intel-avx2',
+                'other-avx2'):
+        for dtype in (fp32, bf16):
+            assert choose_kernel('linear_gelu', 'cpu', dtype, cpu) == \
+                ('onednn' if cpu.endswith('avx512') else 'mkl'), (cpu, dtype)
     # The attention forward: flash everywhere but bf16 on AMD AVX-512 (Zen 5's measurement).
     for cpu in ('amd-avx512', 'intel-avx512', 'amd-avx2', 'intel-avx2', 'other-avx512'):
         assert choose_kernel('attention', 'cpu', fp32, cpu) == 'flash'
