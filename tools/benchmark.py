@@ -4,12 +4,15 @@
         [--shape 800 1216 --shape 512 512] [--batch N] [--mode infer|train ...]
         [--dtype fp32|bf16|fp16 ...] [--threads T] [--repeats R] [--quick] [--compile]
         [--no-memory] [--profile] [--runtime onnxruntime|openvino ...] [--runtime-only]
-        [--detector mask-rcnn|upernet ...] [--window M (v2)] [--work] [--json bench.json]
+        [--detector mask-rcnn|upernet ...] [--window M (v2)] [--work] [--default-malloc]
+        [--json bench.json]
     .venv/bin/python tools/benchmark.py --report bench.json [more.json ...]
 
 Comparisons (each record: medians of interleaved runs, speedup = baseline / ours, the spread,
 peak memory of each side in a fresh child process, output diffs, GFLOPs and the fraction of
-this machine's matmul peak in the record's dtype, timed in the same rounds):
+this machine's matmul peak in the record's dtype, timed in the same rounds; glibc's malloc keeps
+freed memory for reuse while timing, so no step pays page faults another step caused, unless
+--default-malloc; see ``analysis/benchmark_runner.keep_freed_memory``):
 - v1 archs: mmdet 3.3's SwinTransformer against ours; v2-*: transformers' Swinv2Model against
   our SwinTransformerV2 (transformers importable from PYTHONPATH, else one skip line);
 - --compile: both backbones under torch.compile (training and inference, every dtype) beside our
@@ -44,8 +47,8 @@ from swin_rpe_plugin.analysis.benchmark import ARCHS, DTYPES, backbone_work  # n
 from swin_rpe_plugin.analysis.benchmark_format import (format_profile, format_table,  # noqa: E402
                                                        format_work)
 from swin_rpe_plugin.analysis.benchmark_runner import (fast_low_precision,  # noqa: E402
-                                                       machine_info, matmul_gflops,
-                                                       run_comparison)
+                                                       keep_freed_memory, machine_info,
+                                                       matmul_gflops, run_comparison)
 
 DEFAULT_CASES = [((800, 1216), 1), ((512, 512), 2)]
 V2_ARCHS = ('v2-tiny', 'v2-small', 'v2-base')  # vs transformers' Swinv2Model
@@ -93,6 +96,10 @@ def parse_args(argv=None):
                    'FLOPs, bytes moved outside the products by kind, bytes kept for backward '
                    'and the allocator peak of mmdet, ours and ours on the generic path; '
                    'default 224x224 b1, infer and train, fp32 and bf16, a few seconds')
+    p.add_argument('--default-malloc', action='store_true',
+                   help='time with the C library\'s default malloc, which hands blocks of 32 MiB '
+                   'and more back when freed (each step then pays page faults that depend on '
+                   'what ran before it)')
     p.add_argument('--json', help='write the records here')
     p.add_argument('--report', nargs='+', metavar='JSON',
                    help='regenerate docs/performance.md, its chart and the README headline from '
@@ -206,11 +213,11 @@ def provenance(argv) -> dict:
     except (OSError, subprocess.CalledProcessError):
         commit = 'unknown'
     command = ' '.join(['tools/benchmark.py'] + list(sys.argv[1:] if argv is None else argv))
-    # Kernel and backend overrides change what is measured: they belong to the command.
+    # Kernel, backend and malloc overrides change what is measured: they belong to the command.
     settings = ' '.join(f'{k}={v}' for k, v in sorted(os.environ.items())
-                        if k.startswith('SWIN_RPE_') and k != 'SWIN_RPE_SHARED')
-    return dict(command=f'{settings} {command}' if settings else command, date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
-                commit=commit)
+                        if k.startswith(('SWIN_RPE_', 'MALLOC_')) and k != 'SWIN_RPE_SHARED')
+    return dict(command=f'{settings} {command}' if settings else command,
+                date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit)
 
 
 def work_main(args, argv, machine) -> int:
@@ -246,9 +253,10 @@ def main(argv=None) -> int:
     machine = machine_info(args.threads)
     if args.work:
         return work_main(args, argv, machine)
+    malloc = 'default' if args.default_malloc else keep_freed_memory()
     peaks = {'fp32': matmul_gflops()}
     print(f'{machine["cpu"]}, {args.threads} threads, torch {machine["torch"]}; matmul fp32: '
-          f'{peaks["fp32"]:.1f} GFLOP/s')
+          f'{peaks["fp32"]:.1f} GFLOP/s; malloc: {malloc}')
     dtypes = runnable_dtypes(args, peaks)
     jobs = [] if args.runtime_only else jobs_of(args, dtypes)
     records = []
@@ -275,7 +283,8 @@ def main(argv=None) -> int:
               f'{args.threads} threads): numbers not trustworthy, rerun when the machine is idle')
     if args.json:
         with open(args.json, 'w') as f:
-            json.dump(dict(machine, matmul_gflops=peaks, **provenance(argv), records=records),
+            json.dump(dict(machine, matmul_gflops=peaks, malloc=malloc, **provenance(argv),
+                           records=records),
                       f, indent=1)
         print(f'wrote {args.json}')
     return 0

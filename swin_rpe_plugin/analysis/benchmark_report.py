@@ -150,6 +150,14 @@ def _commit(run: dict) -> str:
     return f'{commit} (transcribed)' if run.get('transcribed') else commit
 
 
+def _malloc(run: dict) -> str:
+    """How the run's timing process allocated: recorded since 2026-12-03; runs before it (and
+    runs that time nothing) used the default."""
+    if all(r.get('kind') == 'work' for r in run.get('records') or ()):
+        return '-'
+    return run.get('malloc') or 'default'
+
+
 def performance_markdown(by_class: Dict[CpuClass, List[dict]], chart_dir: str = 'images') -> str:
     """The whole docs/performance.md."""
     out = ['# Performance', '',
@@ -158,9 +166,13 @@ def performance_markdown(by_class: Dict[CpuClass, List[dict]], chart_dir: str = 
            'replaces no other CPU\'s); do not edit by hand. One section per CPU class (model '
            'name, family/model, vector features); its figures stand until that class is '
            'measured again. Timings are medians of interleaved runs in one process; speedup = '
-           'baseline ms / ours ms; memory is the peak RSS a step adds, each side in a fresh '
-           'process; roofline is the fraction of the matmul peak of the record\'s dtype '
-           '(measured in the same rounds as the models) that our step reaches. A run marked '
+           'baseline ms / ours ms; malloc says whether the timing process kept freed memory '
+           'for reuse (glibc\'s malloc otherwise maps blocks of 32 MiB and more afresh each '
+           'time, so a step pays page faults that depend on what ran before it: a few per '
+           'cent, for either side); memory is the peak RSS a step adds, each side in a fresh '
+           'process with the default malloc; roofline is the fraction of the matmul peak of '
+           'the record\'s dtype (measured in the same rounds as the models) that our step '
+           'reaches. A run marked '
            'transcribed was copied from a table published before its JSON was kept: its notes '
            'say from where and what was not recorded.', '']
     for key, runs in by_class.items():
@@ -169,13 +181,13 @@ def performance_markdown(by_class: Dict[CpuClass, List[dict]], chart_dir: str = 
         out += [f'## {label}', '',
                 f"CPU model name \"{cpu}\", family/model {family_model or 'not recorded'}, "
                 f"features: {', '.join(features) or 'not recorded'}.", '',
-                '| date | commit | threads | torch | matmul GFLOP/s | command |',
-                '|---|---|---|---|---|---|']
+                '| date | commit | threads | torch | matmul GFLOP/s | malloc | command |',
+                '|---|---|---|---|---|---|---|']
         for run in runs:
             peaks = ', '.join(f'{k} {v:.0f}' for k, v in (run.get('matmul_gflops') or {}).items())
             out.append(f"| {run.get('date') or '-'} | {_commit(run)} | "
                        f"{run.get('threads') or '-'} | {run.get('torch') or '-'} | "
-                       f"{peaks or '-'} | {_code(run.get('command'))} |")
+                       f"{peaks or '-'} | {_malloc(run)} | {_code(run.get('command'))} |")
         notes = [f"- {run.get('date') or '-'}, commit {run.get('commit') or '-'}: "
                  f"{run['transcribed']}" for run in runs if run.get('transcribed')]
         if notes:

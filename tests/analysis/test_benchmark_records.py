@@ -3,7 +3,11 @@
 Real steps on tiny inputs; nothing here asserts a timing, only how records are built from them.
 """
 import os
+import platform
+import subprocess
+import sys
 
+import pytest
 import torch
 
 from swin_rpe_plugin.analysis import benchmark_runner as runner
@@ -95,3 +99,33 @@ def test_profile_names_the_operators_of_each_step():
     assert record['profile']['mm'][0]['op'] == 'aten::mm'
     assert record['profile']['add'][0]['op'] == 'aten::add'
     assert all(0 < r['share'] <= 1 for r in record['profile']['mm'])
+
+
+_FAULTS_OF_A_SECOND_TENSOR = '''
+import resource, sys
+import torch
+from swin_rpe_plugin.analysis.benchmark_runner import keep_freed_memory
+
+def faults_of_a_second_64mib_tensor():
+    torch.empty(16 << 20).fill_(1.0)  # made, touched, freed
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.empty(16 << 20).fill_(1.0)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+default = faults_of_a_second_64mib_tensor()
+print(keep_freed_memory(), default, faults_of_a_second_64mib_tensor(), sep='|')
+'''
+
+
+@pytest.mark.skipif(platform.system() != 'Linux' or platform.libc_ver()[0] != 'glibc',
+                    reason='keep_freed_memory sets glibc malloc options; elsewhere it is a no-op')
+def test_timing_process_reuses_freed_memory_without_page_faults():
+    """By default glibc maps a 64 MiB tensor afresh each time (its pages faulted in again: 16,384
+    of 4 KiB, or 32 where pages are 2 MiB); once keep_freed_memory() ran, a second tensor reuses
+    the first one's pages. In a fresh process: the malloc options are process-wide."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, '-c', _FAULTS_OF_A_SECOND_TENSOR], cwd=root,
+                         capture_output=True, text=True, check=True).stdout
+    malloc, default, kept = out.strip().splitlines()[-1].split('|')
+    assert malloc == runner.KEPT_MALLOC
+    assert int(default) >= 32 and int(kept) * 8 < int(default)

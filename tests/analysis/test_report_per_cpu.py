@@ -15,6 +15,7 @@ from swin_rpe_plugin.analysis.benchmark_report import (HEADLINE, WORK_TITLE, cla
                                                        class_slug, cpu_class,
                                                        headline_markdown, load_runs,
                                                        performance_markdown, write_report)
+from swin_rpe_plugin.analysis.benchmark_runner import KEPT_MALLOC
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JSONS = sorted(glob.glob(os.path.join(ROOT, 'docs', 'benchmarks', '*.json')))
@@ -104,6 +105,19 @@ def test_one_model_name_on_two_cpu_classes_keeps_two_sections(tmp_path):
     doc = performance_markdown(by_class)
     assert doc.count('\n## AMD EPYC (family/model ') == 2
     assert 'zen3aaa' in doc  # the older run of a class stays in its run table
+
+
+def test_run_table_says_how_each_timing_process_allocated(tmp_path):
+    """Runs before the malloc field were timed with the default; a work-only run times nothing."""
+    kept = dict(_run(date='2026-12-03 10:00 UTC', commit='keptaaa'), malloc=KEPT_MALLOC)
+    runs = [_run(commit='olderbb'), kept, _run(date='2026-12-03 11:00 UTC', commit='workccc',
+                                              records=[_work_record()])]
+    doc = performance_markdown(load_runs(_write(tmp_path, runs)))
+    header = next(line for line in doc.splitlines() if line.startswith('| date |'))
+    column = header.split(' | ').index('malloc')
+    malloc = {commit: line.split(' | ')[column] for line in doc.splitlines()
+              for commit in ('olderbb', 'keptaaa', 'workccc') if f'| {commit} |' in line}
+    assert malloc == dict(olderbb='default', keptaaa=KEPT_MALLOC, workccc='-')
 
 
 def _work_record():
