@@ -259,7 +259,8 @@ def headline_markdown(by_class: Dict[CpuClass, List[dict]]) -> str:
     lines = ['Ours against mmdet 3.3\'s Swin-T backbone (other sizes named; same config and '
              'weights; eager): speedup '
              '(memory ours/mmdet), one line per CPU class, each until that class is measured '
-             'again (transcribed: copied from a table published before JSONs were kept):', '',
+             'again (transcribed: copied from a table published before JSONs were kept; '
+             'malloc: see docs/performance.md):', '',
              '| CPU class | measured | speedup (memory) per case |', '|---|---|---|']
     for key, runs in by_class.items():
         backbone = [r for r in latest_records(runs)  # eager, default options: the rest below
@@ -268,7 +269,9 @@ def headline_markdown(by_class: Dict[CpuClass, List[dict]]) -> str:
         shown = {id(r) for r in backbone}
         sources = [run for run in runs if any(id(r) in shown for r in run['records'])]
         measured = '; '.join(f"{run.get('date') or '?'}, commit {_commit(run)}"
-                             for run in sources) or '-'
+                             # freed memory kept while timing (the default otherwise)
+                             + (', malloc kept memory' if run.get('malloc', 'default')
+                                != 'default' else '') for run in sources) or '-'
         cases = '; '.join(
             f"{_short_label(r)} **{r['speedup']:.2f}**"
             + (f" ({r['mem_ratio']:.2f})" if r.get('mem_ratio') is not None else '')
