@@ -30,7 +30,7 @@ FENCE = re.compile(r'^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)[ \t]*\n(?P<body>.*?)
 INLINE = re.compile(r'(?<!`)`((?:[^`\n]|\n(?!\n))+)`(?!`)')  # within one paragraph
 LINK = re.compile(r'!?\[[^\]]*\]\((?P<target>[^)\s]+)\)')
 IMAGE = re.compile(r'!\[[^\]]*\]\((?P<target>[^)\s]+)\)')
-REPO_PATH = re.compile(r'^(tools|configs|tests|swin_rpe_plugin|requirements|docs)/[\w./*{},-]*$')
+REPO_PATH = re.compile(r'^(tools|configs|tests|swin_rpe_plugin|benchmarks|requirements|docs)/[\w./*{},-]*$')
 TYPE = re.compile(r"""type\s*=\s*['"]swin_rpe_plugin\.(\w+)['"]""")
 ENV_VAR = re.compile(r'\bSWIN_RPE_[A-Z0-9_]+\b')
 DATE = re.compile(r'\b20\d\d-[01]\d-[0-3]\d\b')
@@ -266,7 +266,7 @@ def test_python_blocks_compile_and_name_registered_types(page):
 @lru_cache(maxsize=None)
 def code_text() -> str:
     files = [os.path.join(ROOT, 'Makefile')]
-    for folder in ('swin_rpe_plugin', 'tools', 'tests'):
+    for folder in ('swin_rpe_plugin', 'benchmarks', 'tools', 'tests'):
         files += glob.glob(os.path.join(ROOT, folder, '**', '*.py'), recursive=True)
         files += glob.glob(os.path.join(ROOT, folder, '**', '*.sh'), recursive=True)
     return '\n'.join(read(os.path.relpath(f, ROOT)) for f in files

@@ -12,7 +12,7 @@ Comparisons (each record: medians of interleaved runs, speedup = baseline / ours
 peak memory of each side in a fresh child process, output diffs, GFLOPs and the fraction of
 this machine's matmul peak in the record's dtype, timed in the same rounds; glibc's malloc keeps
 freed memory for reuse while timing, so no step pays page faults another step caused, unless
---default-malloc; see ``analysis/benchmark_runner.keep_freed_memory``):
+--default-malloc; see ``benchmarks/runner.keep_freed_memory``):
 - v1 archs: mmdet 3.3's SwinTransformer against ours; v2-*: transformers' Swinv2Model against
   our SwinTransformerV2 (transformers importable from PYTHONPATH, else one skip line);
 - --compile: both backbones under torch.compile (training and inference, every dtype) beside our
@@ -24,7 +24,7 @@ freed memory for reuse while timing, so no step pays page faults another step ca
   autocast, as ``tools/train.py --amp``.
 With --dtype bf16/fp16 both sides run under the same autocast; a dtype whose matmul peak is not
 1.5x fp32's (no native units) is skipped with a line saying so, unless --force-dtype.
---work counts instead of timing (``analysis/work.py``): product FLOPs, bytes moved outside the
+--work counts instead of timing (``benchmarks/work.py``): product FLOPs, bytes moved outside the
 products (by kind), bytes kept for backward and the allocator peak, exact and the same on every
 CPU; every eager backbone record of a timed run carries the same counts under ``work``.
 --profile adds the top operators of one step of each side. --report regenerates
@@ -42,13 +42,11 @@ from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from benchmarks.backbone import ARCHS, DTYPES, backbone_work  # noqa: E402
+from benchmarks.format import format_profile, format_table, format_work  # noqa: E402
+from benchmarks.runner import (fast_low_precision, keep_freed_memory,  # noqa: E402
+                               machine_info, matmul_gflops, run_comparison)
 from swin_rpe_plugin.cli import ArgumentParser  # noqa: E402
-from swin_rpe_plugin.analysis.benchmark import ARCHS, DTYPES, backbone_work  # noqa: E402
-from swin_rpe_plugin.analysis.benchmark_format import (format_profile, format_table,  # noqa: E402
-                                                       format_work)
-from swin_rpe_plugin.analysis.benchmark_runner import (fast_low_precision,  # noqa: E402
-                                                       keep_freed_memory, machine_info,
-                                                       matmul_gflops, run_comparison)
 
 DEFAULT_CASES = [((800, 1216), 1), ((512, 512), 2)]
 V2_ARCHS = ('v2-tiny', 'v2-small', 'v2-base')  # vs transformers' Swinv2Model
@@ -92,7 +90,7 @@ def parse_args(argv=None):
                    help='repeatable: time the whole stock model with our backbone swapped in')
     p.add_argument('--detector-only', action='store_true', help='only the whole-model lines')
     p.add_argument('--work', action='store_true',
-                   help='only the exact work counts, no timing (analysis/work.py): product '
+                   help='only the exact work counts, no timing (benchmarks/work.py): product '
                    'FLOPs, bytes moved outside the products by kind, bytes kept for backward '
                    'and the allocator peak of mmdet, ours and ours on the generic path; '
                    'default 224x224 b1, infer and train, fp32 and bf16, a few seconds')
@@ -146,13 +144,13 @@ def runnable_dtypes(args, peaks):
 
 def jobs_of(args, dtypes):
     """(label, builder of a Comparison, memory?) per record, built one at a time."""
-    from swin_rpe_plugin.analysis.benchmark import backbone_comparison
+    from benchmarks.backbone import backbone_comparison
     cases, modes = cases_of(args), args.mode or ['infer', 'train']
     compile_lines = (not args.quick) if args.compile_lines is None else args.compile_lines
     jobs = []
     only = args.runtime_only or args.detector_only
     if args.arch in V2_ARCHS:
-        from swin_rpe_plugin.analysis.benchmark_v2 import v2_comparison
+        from benchmarks.v2 import v2_comparison
         jobs += [(f'{s[0]}x{s[1]} b{b} {m} {d}',
                   lambda s=s, b=b, m=m, d=d: v2_comparison(args.arch, s, b, m, d,
                                                            args.window or 8), True)
@@ -173,8 +171,7 @@ def jobs_of(args, dtypes):
                                                                      compile_model=True), False)
                      for d in dtypes for s, b in cases[-1:] for m in modes]
     if args.detector and not args.runtime_only:
-        from swin_rpe_plugin.analysis.benchmark_detector import (DEFAULT_CASES,
-                                                                  detector_comparison)
+        from benchmarks.detector import DEFAULT_CASES, detector_comparison
         for det in args.detector:  # each model at its own size unless --shape says
             det_cases = [(tuple(s), args.batch or DEFAULT_CASES[det][1]) for s in args.shape] \
                 if args.shape else [DEFAULT_CASES[det]]
@@ -187,7 +184,7 @@ def jobs_of(args, dtypes):
 
 def runtime_records(args, progress):
     """Records of every runtime and precision this CPU runs, one export of ours per run."""
-    from swin_rpe_plugin.analysis.onnx_benchmark import RuntimeExports
+    from benchmarks.exports import RuntimeExports
     from swin_rpe_plugin.deploy.runtimes import get_runtime
     records = []
     with RuntimeExports(args.arch, args.threads) as exports:
@@ -236,7 +233,7 @@ def work_main(args, argv, machine) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.report:
-        from swin_rpe_plugin.analysis.benchmark_report import write_report
+        from benchmarks.report import write_report
         for path in write_report(args.report, ROOT):
             print(f'wrote {os.path.relpath(path, ROOT)}')
         return 0
@@ -244,7 +241,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.repeats, args.no_memory = 2, True
     if args.arch in V2_ARCHS:
-        from swin_rpe_plugin.analysis.benchmark_v2 import transformers_available
+        from benchmarks.v2 import transformers_available
         if not transformers_available():
             print('skip: transformers is not importable (install it in a separate folder and '
                   'put that on PYTHONPATH); --arch v2-* needs its Swinv2Model as the reference')

@@ -15,8 +15,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from swin_rpe_plugin.analysis.benchmark_format import format_table  # noqa: E402
-from swin_rpe_plugin.analysis.device_check import parity, speed, supported_dtypes  # noqa: E402
+from benchmarks.device_check import parity, speed, supported_dtypes  # noqa: E402
+from benchmarks.format import format_table  # noqa: E402
 
 
 def main(argv=None) -> int:

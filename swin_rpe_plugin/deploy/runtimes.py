@@ -9,8 +9,8 @@ An adapter describes a runtime; it does not time or verify anything. ``load`` tu
 - ``'int8'``: NNCF post-training quantization of the OpenVINO model, calibrated on the images
   given as ``calibration`` (see ``deploy/openvino.py``).
 
-The benchmark runner (``analysis/``) and ``tools/export_onnx.py`` take a runtime by name from
-``RUNTIMES``.
+The benchmarks (``benchmarks/exports.py``, beside the package) and ``tools/export_onnx.py`` take a
+runtime by name from ``RUNTIMES``.
 """
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 

@@ -191,7 +191,7 @@ def test_linear_residual_adds_inside_the_product_on_either_library(kernel):
     product: oneDNN's epilogue reads it once as the output is written; MKL's addmm_
     accumulates into bias + residual (one pass to make the sum, one for the product's re-read).
     Counted exactly: nothing else moves."""
-    from swin_rpe_plugin.analysis.work import count_work
+    from benchmarks.work import count_work
     from swin_rpe_plugin.ops import linear_residual
     from swin_rpe_plugin.ops.dispatch import force_kernel
     torch.manual_seed(0)

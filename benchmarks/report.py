@@ -21,7 +21,7 @@ import textwrap
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .benchmark_format import case_label, is_timed, other_steps, work_rows
+from .format import case_label, is_timed, other_steps, work_rows
 
 __all__ = ['cpu_slug', 'cpu_class', 'class_label', 'class_slug', 'load_runs', 'latest_records',
            'performance_markdown', 'work_table', 'write_chart', 'headline_markdown',

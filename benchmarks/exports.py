@@ -14,8 +14,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .benchmark import backbone_gflops, build_pair, max_abs_diff, step_fn
-from .benchmark_runner import Comparison
+from .backbone import backbone_gflops, build_pair, max_abs_diff, step_fn
+from .runner import Comparison
 
 __all__ = ['RuntimeExports']
 
@@ -42,7 +42,7 @@ class RuntimeExports:
 
     def ours_path(self) -> str:
         """Our backbone exported once with dynamic batch, height and width."""
-        from ..deploy import ExportPart, export_onnx
+        from swin_rpe_plugin.deploy import ExportPart, export_onnx
         if self._ours_path is None:
             self._ours_path = os.path.join(self._tmp.name, 'ours.onnx')
             export_onnx(ExportPart(self.ours, 'backbone'), torch.randn(1, 3, *EXPORT_HW),
@@ -51,7 +51,7 @@ class RuntimeExports:
 
     def mmdet_path(self, shape: Tuple[int, int], batch: int) -> str:
         """mmdet's backbone exported at this fixed input size."""
-        from ..deploy import ExportPart
+        from swin_rpe_plugin.deploy import ExportPart
         key = (tuple(shape), batch)
         if key not in self._fixed:
             path = os.path.join(self._tmp.name, f'mmdet_{shape[0]}x{shape[1]}_b{batch}.onnx')

@@ -125,7 +125,7 @@ def time_interleaved(fns: Dict[str, Callable], x, repeats: int, warmup: int = 1,
 def _matmuls(n: int, dtype: str) -> Dict[str, Callable[[], Any]]:
     """An n x n product in ``dtype`` by torch.mm (MKL's sgemm in fp32) and by oneDNN's matmul
     (``ops.linear``): on AMD CPUs MKL takes a slow path, and the faster library sets the roof."""
-    from ..ops import linear
+    from swin_rpe_plugin.ops import linear
     a, b = torch.randn(n, n, dtype=DTYPES[dtype]), torch.randn(n, n, dtype=DTYPES[dtype])
     return {'roof_mkl': lambda: torch.mm(a, b), 'roof_onednn': lambda: linear(a, b)}
 
@@ -212,8 +212,9 @@ def profile_ops(fn: Callable, x, top: int = 12) -> List[dict]:
 def child_peak_mb(step: ChildStep, threads: int) -> float:
     """Run one step in a fresh process; return its peak RSS increase in MB."""
     spec = json.dumps(dict(factory=step.factory, kwargs=step.kwargs, threads=threads))
-    # The child imports this package from where the parent did (a checkout need not be installed).
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # The child imports benchmarks/ and the package from the clone the parent runs (the repo
+    # root: neither need be installed).
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [root] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
     out = subprocess.run([sys.executable, '-m', __name__, spec], capture_output=True, text=True,

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from swin_rpe_plugin.analysis import benchmark_runner as runner
-from swin_rpe_plugin.analysis.benchmark_format import format_table, other_steps
+from benchmarks import runner
+from benchmarks.format import format_table, other_steps
 
 
 def test_flags_name_a_roofline_above_one_and_a_busy_machine():
@@ -104,7 +104,7 @@ def test_profile_names_the_operators_of_each_step():
 _FAULTS_OF_A_SECOND_TENSOR = '''
 import resource, sys
 import torch
-from swin_rpe_plugin.analysis.benchmark_runner import keep_freed_memory
+from benchmarks.runner import keep_freed_memory
 
 def faults_of_a_second_64mib_tensor():
     torch.empty(16 << 20).fill_(1.0)  # made, touched, freed

@@ -9,7 +9,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from .benchmark import DTYPES, build_pair, max_abs_diff, max_rel_err, step_fn
+from .backbone import DTYPES, build_pair, max_abs_diff, max_rel_err, step_fn
 
 
 def _synchronize(device: torch.device) -> None:

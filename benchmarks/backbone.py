@@ -1,14 +1,14 @@
 """Backbone comparison: our Swin against mmdet 3.3's SwinTransformer, same config and weights.
 
 :func:`backbone_comparison` describes one record (eager, or both backbones under
-``torch.compile``) for the loop of ``benchmark_runner``; the step functions and output diffs here
+``torch.compile``) for the loop of ``runner``; the step functions and output diffs here
 serve every comparison (SwinV2, runtimes, whole models).
 """
 from typing import Optional, Sequence, Tuple
 
 import torch
 
-from .benchmark_runner import DTYPES, ChildStep, Comparison
+from .runner import DTYPES, ChildStep, Comparison
 
 __all__ = ['ARCHS', 'DTYPES', 'build_model', 'build_pair', 'step_fn', 'max_abs_diff',
            'max_rel_err', 'backbone_gflops', 'backbone_comparison', 'memory_step',
@@ -25,7 +25,7 @@ def build_model(which: str, arch: str, window_size: int = 7, seed: int = 0, **ou
     """mmdet's Swin ('mmdet') or ours ('ours') with the same seeded random weights."""
     from mmdet.models.backbones import SwinTransformer as MMDetSwin
 
-    from ..models import SwinTransformer
+    from swin_rpe_plugin.models import SwinTransformer
     cfg = dict(ARCHS[arch], window_size=window_size, drop_path_rate=0.0)
     torch.manual_seed(seed)
     model = MMDetSwin(**cfg) if which == 'mmdet' else SwinTransformer(**cfg, **ours_kwargs)
@@ -155,12 +155,12 @@ WORK_SIDES = ('mmdet', 'ours', 'ours_generic')
 
 def backbone_work(arch: str, shape: Tuple[int, int], batch: int, mode: str,
                   dtype: str = 'fp32', profiles: bool = False) -> dict:
-    """The exact work record of one case (``analysis/work.py``): mmdet's backbone, ours on the
+    """The exact work record of one case (``benchmarks/work.py``): mmdet's backbone, ours on the
     CPU path and ours on the generic path (``SWIN_RPE_BACKEND=generic``, what other devices
     run), same weights and input. Counts, so no timing and no memory child process.
 
     ``profiles`` keeps each side's bytes per operator and kept bytes per producer."""
-    from ..ops.dispatch import force_backend
+    from swin_rpe_plugin.ops.dispatch import force_backend
     from .work import count_work, side_summary
     stock, ours = build_pair(arch)
     x = torch.randn(batch, 3, *shape)

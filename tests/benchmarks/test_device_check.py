@@ -2,7 +2,7 @@
 generic path (the one CUDA takes)."""
 import torch
 
-from swin_rpe_plugin.analysis.device_check import parity, speed, supported_dtypes
+from benchmarks.device_check import parity, speed, supported_dtypes
 from swin_rpe_plugin.ops.dispatch import force_backend
 
 

@@ -10,12 +10,12 @@ import os
 
 import pytest
 
-from swin_rpe_plugin.analysis.benchmark_format import MB, format_work, work_rows
-from swin_rpe_plugin.analysis.benchmark_report import (HEADLINE, WORK_TITLE, class_label,
+from benchmarks.format import MB, format_work, work_rows
+from benchmarks.report import (HEADLINE, WORK_TITLE, class_label,
                                                        class_slug, cpu_class,
                                                        headline_markdown, load_runs,
                                                        performance_markdown, write_report)
-from swin_rpe_plugin.analysis.benchmark_runner import KEPT_MALLOC
+from benchmarks.runner import KEPT_MALLOC
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JSONS = sorted(glob.glob(os.path.join(ROOT, 'docs', 'benchmarks', '*.json')))

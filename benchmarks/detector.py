@@ -23,7 +23,8 @@ from typing import Dict, Tuple
 
 import torch
 
-from .benchmark_runner import ChildStep, Comparison
+import swin_rpe_plugin  # noqa: F401  registers our backbone in its scope
+from .runner import ChildStep, Comparison
 
 __all__ = ['DETECTOR_CONFIGS', 'DEFAULT_CASES', 'build_detector', 'synthetic_batch',
            'detector_step', 'detector_comparison', 'detector_memory_step']
@@ -53,7 +54,7 @@ def build_detector(name: str, which: str, state_dict=None) -> torch.nn.Module:
     cfg.model.pop('pretrained', None)
     backbone = cfg.model.backbone
     backbone.pop('init_cfg', None), backbone.pop('pretrained', None)
-    if which == 'ours':  # registered in our scope when this package was imported
+    if which == 'ours':  # registered in our scope by the import of swin_rpe_plugin
         backbone.type = 'swin_rpe_plugin.SwinTransformer'
     init_default_scope(scope)
     torch.manual_seed(0)
@@ -111,7 +112,7 @@ def _optim_wrapper(model: torch.nn.Module, dtype: str):
     """What tools/train.py wraps the model's step in: autocast on backbone + neck for bf16."""
     from mmengine.optim import OptimWrapper
 
-    from ..optim import AutocastOptimWrapper
+    from swin_rpe_plugin.optim import AutocastOptimWrapper
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     if dtype == 'fp32':
         return OptimWrapper(optimizer=optimizer)
@@ -146,8 +147,8 @@ def detector_step(model: torch.nn.Module, mode: str, dtype: str = 'fp32'):
 
 def model_gflops(model: torch.nn.Module, shape: Tuple[int, int]) -> float:
     """Forward GFLOPs of the whole model in tensor mode (mmdet's / mmseg's get_flops recipe)."""
-    from .complexity import flop_analyzer
-    from .models import config_inputs
+    from swin_rpe_plugin.analysis.complexity import flop_analyzer
+    from swin_rpe_plugin.analysis.models import config_inputs
     inputs, samples = config_inputs(model, shape)
 
     class Tensor(torch.nn.Module):

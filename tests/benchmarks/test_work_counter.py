@@ -1,4 +1,4 @@
-"""The exact work counter (analysis/work.py) against hand counts and the seed tables.
+"""The exact work counter (benchmarks/work.py) against hand counts and the seed tables.
 
 Every number here is a count, not a timing: it is the same on any CPU, under any load.
 """
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from swin_rpe_plugin.analysis.work import WorkCounter, count_work
+from benchmarks.work import WorkCounter, count_work
 from swin_rpe_plugin.ops import window_attention
 from swin_rpe_plugin.ops.dispatch import force_kernel
 

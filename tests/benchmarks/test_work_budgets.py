@@ -1,4 +1,4 @@
-"""Budgets of the exact work of a Swin-T step (analysis/work.py), against mmdet's own Swin with
+"""Budgets of the exact work of a Swin-T step (benchmarks/work.py), against mmdet's own Swin with
 the same weights in the same run.
 
 The counts do not depend on the CPU or on load, so a change that adds a pass over a tensor or
@@ -13,7 +13,7 @@ are held below as ratios against mmdet's counts of the same run.
 import pytest
 import torch
 
-from swin_rpe_plugin.analysis.benchmark import backbone_work
+from benchmarks.backbone import backbone_work
 from swin_rpe_plugin.ops import window_products
 from swin_rpe_plugin.ops.dispatch import force_kernel
 
@@ -108,7 +108,7 @@ def test_inference_moves_at_most_half_of_mmdets_bytes(records, dtype):
 
 def test_fc1_with_gelu_on_onednn_moves_nothing_outside_the_product():
     """The fused epilogue: bias and GELU inside the product, no pass over fc1's output."""
-    from swin_rpe_plugin.analysis.work import count_work
+    from benchmarks.work import count_work
     from swin_rpe_plugin.ops import linear
     x, weight, bias = torch.randn(3136, 96), torch.randn(384, 96), torch.randn(384)
     with force_kernel('linear_gelu', 'onednn'), torch.no_grad():

@@ -13,8 +13,8 @@ from typing import Tuple
 
 import torch
 
-from .benchmark import backbone_gflops, max_abs_diff, max_rel_err, step_fn
-from .benchmark_runner import ChildStep, Comparison
+from .backbone import backbone_gflops, max_abs_diff, max_rel_err, step_fn
+from .runner import ChildStep, Comparison
 
 ARCHS_V2 = {
     'v2-tiny': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
@@ -41,8 +41,8 @@ def build_v2_pair(arch: str, shape: Tuple[int, int], window: int = 8, seed: int 
     from safetensors.torch import save_file
     from transformers import Swinv2Config, Swinv2Model
 
-    from ..checkpoint import load_pretrained
-    from ..models import SwinTransformerV2
+    from swin_rpe_plugin.checkpoint import load_pretrained
+    from swin_rpe_plugin.models import SwinTransformerV2
     cfg = ARCHS_V2[arch]
     config = Swinv2Config(image_size=list(shape), patch_size=4, embed_dim=cfg['embed_dims'],
                           depths=list(cfg['depths']), num_heads=list(cfg['num_heads']),

@@ -63,11 +63,11 @@ def test_backbone_records_one_per_case_with_memory_and_parity(backbone_run):
 
 
 def test_report_from_a_real_run(backbone_run, tmp_path):
-    from swin_rpe_plugin.analysis.benchmark_report import HEADLINE, class_slug, cpu_class
+    from benchmarks.report import HEADLINE, class_slug, cpu_class
     path, run = backbone_run
     readme = tmp_path / 'README.md'
     readme.write_text(f'intro\n{HEADLINE[0]}\nold\n{HEADLINE[1]}\nrest\n')
-    from swin_rpe_plugin.analysis.benchmark_report import write_report
+    from benchmarks.report import write_report
     written = write_report([path], str(tmp_path))
     chart = tmp_path / 'docs' / 'images' / f'benchmark_{class_slug(cpu_class(run))}.png'
     assert str(chart) in written and str(readme) in written
@@ -85,7 +85,7 @@ def test_report_from_a_real_run(backbone_run, tmp_path):
 
 
 def test_report_leaves_a_readme_without_markers_alone(backbone_run, tmp_path):
-    from swin_rpe_plugin.analysis.benchmark_report import write_report
+    from benchmarks.report import write_report
     (tmp_path / 'README.md').write_text('no markers\n')
     written = write_report([backbone_run[0]], str(tmp_path))
     assert (tmp_path / 'README.md').read_text() == 'no markers\n'
@@ -93,7 +93,7 @@ def test_report_leaves_a_readme_without_markers_alone(backbone_run, tmp_path):
 
 
 def test_report_refuses_a_file_that_is_not_a_benchmark_json(tmp_path):
-    from swin_rpe_plugin.analysis.benchmark_report import write_report
+    from benchmarks.report import write_report
     bad = tmp_path / 'x.json'
     bad.write_text('{"a": 1}')
     with pytest.raises(ValueError, match='not a tools/benchmark.py --json file'):
@@ -127,22 +127,22 @@ def built_at_the_tested_size(monkeypatch, shape):
     """mmseg's training preprocessor pads every image to its config's crop (512 x 512 for the
     stock UperNet), so a 64 x 96 train step would run at 512 x 512 (minutes on 2 cores): the
     models the comparison builds get the tested shape as their crop. Detectors have no crop."""
-    from swin_rpe_plugin.analysis import benchmark_detector
-    build = benchmark_detector.build_detector
+    from benchmarks import detector
+    build = detector.build_detector
 
     def built(*args, **kwargs):
         model = build(*args, **kwargs)
         if getattr(model.data_preprocessor, 'size', None) is not None:
             model.data_preprocessor.size = tuple(shape)
         return model
-    monkeypatch.setattr(benchmark_detector, 'build_detector', built)
+    monkeypatch.setattr(detector, 'build_detector', built)
 
 
 @pytest.mark.parametrize('name, shape, batch', [('mask-rcnn', (96, 128), 1),
                                                 ('upernet', (64, 96), 2)])
 def test_whole_models_same_weights_predict_and_train(name, shape, batch, monkeypatch):
-    from swin_rpe_plugin.analysis.benchmark_detector import detector_comparison
-    from swin_rpe_plugin.analysis.benchmark_runner import run_comparison
+    from benchmarks.detector import detector_comparison
+    from benchmarks.runner import run_comparison
     built_at_the_tested_size(monkeypatch, shape)
     for mode in ('infer', 'train'):
         c = detector_comparison(name, shape, mode, batch=batch)
@@ -159,8 +159,8 @@ def test_whole_models_same_weights_predict_and_train(name, shape, batch, monkeyp
 
 
 def test_v2_prints_one_skip_line_without_transformers(monkeypatch, capsys):
-    from swin_rpe_plugin.analysis import benchmark_v2
-    monkeypatch.setattr(benchmark_v2, 'transformers_available', lambda: False)
+    from benchmarks import v2
+    monkeypatch.setattr(v2, 'transformers_available', lambda: False)
     assert load_tool().main(['--arch', 'v2-tiny']) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith('skip: transformers is not importable')
@@ -170,11 +170,11 @@ MICRO = dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2))  # a 4-
 
 
 def test_runtimes_against_eager_every_precision_this_cpu_runs(monkeypatch):
-    from swin_rpe_plugin.analysis import benchmark
-    from swin_rpe_plugin.analysis.benchmark_runner import run_comparison
-    from swin_rpe_plugin.analysis.onnx_benchmark import RuntimeExports
+    from benchmarks import backbone
+    from benchmarks.runner import run_comparison
+    from benchmarks.exports import RuntimeExports
     from swin_rpe_plugin.deploy.runtimes import RUNTIMES
-    monkeypatch.setitem(benchmark.ARCHS, 'micro', MICRO)
+    monkeypatch.setitem(backbone.ARCHS, 'micro', MICRO)
     usable = [r for r in RUNTIMES.values() if r.available() is None]
     assert 'onnxruntime' in [r.name for r in usable]
     with RuntimeExports('micro', threads=1) as exports:
