@@ -1,6 +1,9 @@
 """Swin Transformer with 2D relative position bias, as an OpenMMLab backbone plugin."""
 from .version import __version__
-from .registry import HOOKS, MODELS, OPTIM_WRAPPERS
+from .compat import check_torch
+
+check_torch()  # one line naming the floor on an older torch, before anything else fails
+from .registry import HOOKS, MODELS, OPTIM_WRAPPERS  # noqa: E402
 from .models import (PaddingAwareHook, SwinTransformer,  # noqa: E402  (registers them)
                      SwinTransformerV2, enable_padding_aware)
 from .optim import AutocastOptimWrapper  # noqa: E402  (registers it)

@@ -37,7 +37,7 @@ from mmengine.config import DictAction
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from swin_rpe_plugin.checkpoint import UnsafeCheckpointError  # noqa: E402
-from swin_rpe_plugin.deploy import (EXPORTERS, PARTS, build_export_part,  # noqa: E402
+from swin_rpe_plugin.deploy import (DEFAULT_EXPORTER, EXPORTERS, PARTS, build_export_part,  # noqa: E402
                                     check_sizes, export_onnx, get_runtime, verify_onnx)
 from swin_rpe_plugin.engine import UsageError  # noqa: E402
 
@@ -117,7 +117,8 @@ def main(argv=None) -> int:
     p.add_argument('--shape', type=int, nargs=2, default=(224, 224), metavar=('H', 'W'))
     p.add_argument('--batch', type=int, default=1)
     p.add_argument('--opset', type=int, default=18)
-    p.add_argument('--exporter', choices=EXPORTERS, default='dynamo')
+    p.add_argument('--exporter', choices=EXPORTERS, default=DEFAULT_EXPORTER,
+                   help=f'default: {DEFAULT_EXPORTER} (dynamo needs torch >= 2.5)')
     p.add_argument('--fixed-size', action='store_true',
                    help='dynamic batch only: for heads with adaptive pooling (UperNet)')
     p.add_argument('--tolerance', type=float, default=1e-4)
@@ -138,6 +139,9 @@ def main(argv=None) -> int:
             raise UsageError(f'--checkpoint: file not found: {args.checkpoint!r}')
         module = build_export_part(args.config, args.part, args.checkpoint, args.cfg_options,
                                    args.allow_pickle)
+        if args.exporter == 'dynamo' and DEFAULT_EXPORTER != 'dynamo':
+            raise UsageError(f'--exporter dynamo needs torch >= 2.5, this is {torch.__version__}: '
+                             'use --exporter classic')
         if args.fixed_size and args.exporter == 'classic':
             raise UsageError('--fixed-size needs --exporter dynamo: the classic exporter traces '
                              'sizes as tensors, so the heads never see a fixed size')

@@ -1,35 +1,81 @@
 #!/usr/bin/env bash
-# Create or update .venv/ with the pinned OpenMMLab stack; idempotent, called by `make setup`.
+# Create or update a venv with a pinned stack; idempotent, called by `make setup` (and by
+# `make setup-compat` / `make setup-newest` for the two ends of the supported range).
 #
-# mmcv 2.1.0 has no wheel for this torch: it is compiled once (17-25 min on 2 cores) into a
-# wheel cache outside the repo, keyed by the torch version, and reused by every later setup.
+#   tools/setup_env.sh [pinned]   .venv         Python 3.11, torch 2.13 (requirements/build.txt),
+#                                               the whole stack: every test runs here
+#   tools/setup_env.sh compat     .venv-compat  the oldest supported environment: Python 3.8,
+#                                               torch 2.1.2, mmcv 2.1.0 (requirements/compat.txt)
+#   tools/setup_env.sh newest     .venv-newest  the newest torch this machine installs, with
+#                                               mmengine and mmcv-lite (no ops, so no mmdet/mmseg)
+#
+# mmcv 2.1.0 has no wheel on PyPI: it is compiled once per torch version (17-25 min on 2 cores)
+# into a wheel cache outside the repo, keyed by the torch version, and reused by every later
+# setup; the newest profile takes mmcv-lite from PyPI instead (mmcv's Python part, no ops).
 #   SWIN_RPE_WHEEL_CACHE  where built wheels live (default ~/.cache/swin_rpe_plugin/wheels)
-#   PYTHON                interpreter for the venv (default python3.11)
+#   PYTHON                interpreter for the venv (default: the profile's)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-venv=$root/.venv
-python=${PYTHON:-python3.11}
-torch_version=$(sed -n 's/^torch==//p' requirements/build.txt)
+profile=${1:-pinned}
+
+pyenv_python() {  # the newest pyenv interpreter of a minor version, else pythonX.Y on PATH
+  local found
+  found=$(ls -d "$HOME"/.pyenv/versions/"$1".*/bin/python 2>/dev/null | sort -V | tail -n 1)
+  echo "${found:-python$1}"
+}
+
+case $profile in
+  pinned)
+    venv=$root/.venv
+    python=${PYTHON:-python3.11}
+    torch_version=$(sed -n 's/^torch==//p' requirements/build.txt)
+    requirements=(-c requirements/constraints.txt -r requirements/runtime.txt
+                  -r requirements/tests.txt -r requirements/deploy.txt)
+    check='import mmcv.ops; mmcv.ops.nms; import mmdet, mmseg, swin_rpe_plugin, openvino, nncf'
+    build_mmcv=1 ;;
+  compat)
+    venv=$root/.venv-compat
+    python=${PYTHON:-$(pyenv_python 3.8)}
+    torch_version=$(sed -n 's/^torch==//p' requirements/compat.txt)
+    requirements=(-r requirements/compat.txt)
+    check='import mmcv.ops; mmcv.ops.nms; import mmdet, mmseg, swin_rpe_plugin, onnxruntime, openvino'
+    build_mmcv=1 ;;
+  newest)
+    venv=$root/.venv-newest
+    python=${PYTHON:-python3.11}
+    torch_version=$(sed -n 's/^torch==//p' requirements/newest.txt)
+    requirements=(-r requirements/newest.txt)
+    check='import mmcv.cnn, swin_rpe_plugin, onnxruntime'
+    build_mmcv=0 ;;
+  *)
+    echo "setup: unknown profile '$profile': use pinned, compat or newest" >&2
+    exit 2 ;;
+esac
+
 cache=${SWIN_RPE_WHEEL_CACHE:-$HOME/.cache/swin_rpe_plugin/wheels}/torch-$torch_version
 stamp=$venv/.setup-stamp
 want=$(cat requirements/*.txt setup.py tools/setup_env.sh | sha256sum | cut -d' ' -f1)
 
-check='import mmcv.ops; mmcv.ops.nms; import mmdet, mmseg, swin_rpe_plugin, openvino, nncf'
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
     && "$venv/bin/python" -c "$check" 2>/dev/null; then
-  echo "setup: .venv is up to date"
+  echo "setup: ${venv#"$root"/} is up to date"
   exit 0
 fi
 
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
-"${pip[@]}" -r requirements/build.txt
-# torch 2.13 declares setuptools>=77, which dropped pkg_resources that mmcv's setup.py needs:
+if [ "$profile" = pinned ]; then
+  "${pip[@]}" -r requirements/build.txt
+else  # torch and numpy first: mmcv compiles against them (no build isolation)
+  "${pip[@]}" $(grep -E '^(torch|numpy)==' "${requirements[1]}") \
+    $(grep -E '^(ninja|wheel)==' requirements/build.txt)
+fi
+# torch >= 2.13 declares setuptools>=77, which dropped pkg_resources that mmcv's setup.py needs:
 # pip warns about the conflict; it is harmless at run time.
 "${pip[@]}" 'setuptools==69.5.1' 2>&1 | grep -v -e 'dependency resolver' -e 'requires setuptools' || true
 
-if ! ls "$cache"/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
+if [ "$build_mmcv" = 1 ] && ! ls "$cache"/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
   echo "setup: building mmcv 2.1.0 with ops into $cache (17-25 minutes on 2 cores)"
   mkdir -p "$cache"
   tmp=$(mktemp -d)
@@ -39,21 +85,21 @@ if ! ls "$cache"/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
   mv "$tmp"/mmcv-2.1.0-*.whl "$cache"/ && rm -rf "$tmp"
 fi
 
-"${pip[@]}" --find-links "$cache" --only-binary mmcv \
-  -c requirements/constraints.txt -r requirements/runtime.txt -r requirements/tests.txt \
-  -r requirements/deploy.txt
+"${pip[@]}" --find-links "$cache" --only-binary mmcv "${requirements[@]}"
 "${pip[@]}" --no-deps --no-build-isolation -e .
-"$venv/bin/python" -c "$check; print('setup: mmcv.ops, mmdet, mmseg import cleanly')"
+"$venv/bin/python" -c "$check; print('setup: ${venv#"$root"/} imports cleanly')"
 
-# transformers for the SwinV2 benchmark test (tests/analysis/test_benchmark_comparisons.py), in a
-# folder of its own that only that test puts on PYTHONPATH: its pins (regex, safetensors) are
-# newer than the stack's. The smallest set with which `from transformers import Swinv2Model`
-# imports (tokenizers: transformers 5.24 annotates with its classes at import time).
-reference=$venv/reference
-if ! PYTHONPATH=$reference "$venv/bin/python" -c 'from transformers import Swinv2Model' 2>/dev/null; then
-  "${pip[@]}" --no-deps --upgrade --target "$reference" transformers==5.24.0 \
-    huggingface_hub==1.33.0 tokenizers==0.23.3 regex==2026.11.19 safetensors==0.8.0 \
-    httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 idna==3.20 certifi==2026.10.19.post1
-  PYTHONPATH=$reference "$venv/bin/python" -c 'from transformers import Swinv2Model'
+if [ "$profile" = pinned ]; then
+  # transformers for the SwinV2 benchmark test (tests/benchmarks/test_benchmark_comparisons.py),
+  # in a folder of its own that only that test puts on PYTHONPATH: its pins (regex, safetensors)
+  # are newer than the stack's. The smallest set with which `from transformers import Swinv2Model`
+  # imports (tokenizers: transformers 5.24 annotates with its classes at import time).
+  reference=$venv/reference
+  if ! PYTHONPATH=$reference "$venv/bin/python" -c 'from transformers import Swinv2Model' 2>/dev/null; then
+    "${pip[@]}" --no-deps --upgrade --target "$reference" transformers==5.24.0 \
+      huggingface_hub==1.33.0 tokenizers==0.23.3 regex==2026.11.19 safetensors==0.8.0 \
+      httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 idna==3.20 certifi==2026.10.19.post1
+    PYTHONPATH=$reference "$venv/bin/python" -c 'from transformers import Swinv2Model'
+  fi
 fi
 echo "$want" > "$stamp"

@@ -16,7 +16,7 @@ from typing import Any, List
 
 import torch
 
-HAS_SAFE_GLOBALS = hasattr(torch.serialization, 'add_safe_globals')
+from ..compat import HAS_SAFE_GLOBALS  # noqa: E402
 
 
 def history_buffer_getattr(obj: Any, name: str) -> Any:

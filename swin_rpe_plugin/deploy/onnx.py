@@ -25,8 +25,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from ..compat import HAS_DYNAMO_EXPORTER
+
 PARTS = ('backbone', 'neck', 'model')
 EXPORTERS = ('dynamo', 'classic')
+# The exporter this torch has: torch.onnx.export(dynamo=True) came in torch 2.5; older torches
+# export through TorchScript tracing ('classic').
+DEFAULT_EXPORTER = 'dynamo' if HAS_DYNAMO_EXPORTER else 'classic'
 
 
 def _flatten(value) -> List[torch.Tensor]:
@@ -136,13 +141,17 @@ def build_export_part(config: str, part: str, checkpoint: Optional[str] = None,
     return export_part.eval()
 
 
-def export_onnx(module: nn.Module, example: torch.Tensor, path: str, exporter: str = 'dynamo',
+def export_onnx(module: nn.Module, example: torch.Tensor, path: str,
+                exporter: str = DEFAULT_EXPORTER,
                 opset: int = 18, output_names: Optional[Sequence[str]] = None,
                 dynamic_hw: bool = True) -> None:
     """Export ``module`` (image batch -> tensors) with a dynamic batch and, if ``dynamic_hw``,
     dynamic height and width."""
     if exporter not in EXPORTERS:
         raise ValueError(f'exporter must be one of {EXPORTERS}, got {exporter!r}')
+    if exporter == 'dynamo' and not HAS_DYNAMO_EXPORTER:
+        raise ValueError(f'the dynamo exporter needs torch >= 2.5 (this is {torch.__version__}): '
+                         "use exporter='classic'")
     module.eval()
     with torch.no_grad():
         outs = module(example)
@@ -161,8 +170,9 @@ def export_onnx(module: nn.Module, example: torch.Tensor, path: str, exporter: s
         for name, out in zip(names, outs):
             axes[name] = {d: f'{name}_dim{d}' for d in range(out.dim())
                           if d == 0 or (dynamic_hw and d != 1)}
-        torch.onnx.export(module, (example, ), path, dynamo=False, opset_version=opset,
-                          input_names=['input'], output_names=names, dynamic_axes=axes)
+        kwargs = {'dynamo': False} if HAS_DYNAMO_EXPORTER else {}  # no such argument before
+        torch.onnx.export(module, (example, ), path, opset_version=opset, input_names=['input'],
+                          output_names=names, dynamic_axes=axes, **kwargs)
 
 
 def verify_onnx(path: str, module: nn.Module, inputs: Sequence[torch.Tensor],

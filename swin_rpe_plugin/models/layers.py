@@ -326,7 +326,7 @@ class FFN(nn.Module):
 
         post_norm: applied to the FFN output before drop path (res-post-norm).
         """
-        (fc1, act, drop1), fc2, drop2 = self.layers
+        (fc1, act, drop1), fc2, drop2 = self.layers[0], self.layers[1], self.layers[2]
         norm = norm if norm is not None else nn.Identity()
         post_norm = post_norm if post_norm is not None else nn.Identity()
         # Without a post-norm and with nothing dropped, fc2 adds the residual itself.

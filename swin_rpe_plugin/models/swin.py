@@ -19,6 +19,7 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import constant_init, trunc_normal_, trunc_normal_init
 from torch import Tensor
 
+from ..compat import register_load_state_dict_pre_hook
 from ..ops import resize_absolute_pos_embed, to_window_tuple
 from ..ops.dispatch import is_tracing
 from ..registry import MODELS
@@ -171,7 +172,7 @@ class SwinTransformer(BaseModule):
             self.add_module(f'norm{i}', build_norm_layer(norm_cfg, self.num_features[i])[1])
         # Whatever loads a state dict (load_from, init_detector, a whole detector's
         # load_state_dict), bias tables saved at another window are resized to this one.
-        self.register_load_state_dict_pre_hook(resize_bias_tables_on_load)
+        register_load_state_dict_pre_hook(self, resize_bias_tables_on_load)
 
     def _block_options(self, stage: int) -> dict:
         """Extra keyword arguments for the blocks of a stage (SwinV2: its pretrained window)."""

@@ -31,6 +31,7 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model.weight_init import constant_init, trunc_normal_, trunc_normal_init
 from torch import Tensor
 
+from ..compat import is_compiling
 from ..ops import (continuous_position_bias, log_spaced_relative_coords,
                    resolve_pretrained_window, scaled_cosine_query_key, split_qkv,
                    to_window_tuple, window_attention)
@@ -91,7 +92,7 @@ class WindowMSAV2(WindowMSA):
         """
         params = (self.cpb_mlp[0].weight, self.cpb_mlp[0].bias, self.cpb_mlp[2].weight)
         if ((torch.is_grad_enabled() and any(p.requires_grad for p in params))
-                or torch.compiler.is_compiling()):
+                or is_compiling()):
             return continuous_position_bias(self.relative_coords_table,
                                             self.relative_position_index, *params)
         key = tuple((p._version, p.data_ptr()) for p in params) + (params[0].dtype,

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..compat import SDPA_TAKES_FLOAT_MASK, custom_op, is_exporting
 from .dispatch import (autocast_context, choose_kernel, compute_dtype, is_tracing,
                        use_cpu_fast_paths)
 from .window_products import (attention_backward_op, attention_qkv_backward_op,
@@ -96,7 +97,7 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
     # torch.export takes the explicit path: it is what ONNX runs anyway (MatMul, Softmax), and
     # its SDPA decomposition (torch 2.13) gives outputs whose strides do not match their
     # symbolic sizes, so a later reshape fails to decompose.
-    if not fused or torch.compiler.is_exporting():
+    if not fused or is_exporting():
         return _explicit(q, k, v, bias, mask, scale, dropout_p, nw)
     if not use_cpu_fast_paths(q):
         return _generic(q, k, v, bias, mask, scale, dropout_p, nw)
@@ -121,7 +122,7 @@ def window_attention_qkv(qkv: Tensor, heads: int, bias: Tensor, mask: Optional[T
     """
     cpu_path = use_cpu_fast_paths(qkv)
     if (not fused or dropout_p > 0 or not qkv.is_contiguous() or torch.jit.is_tracing()
-            or torch.compiler.is_exporting() or (not cpu_path and is_tracing(qkv))):
+            or is_exporting() or (not cpu_path and is_tracing(qkv))):
         q, k, v = split_qkv(qkv, heads)
         return window_attention(q, k, v, bias, mask, scale, dropout_p, fused, windows_per_image)
     bw, n, c3 = qkv.shape
@@ -252,9 +253,9 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor]
 def _mask_dtype(q: Tensor, like_q: bool = False) -> torch.dtype:
     """float32 next to bf16/fp16 queries (the CPU flash kernel takes it), else q's dtype;
     q's dtype always with ``like_q`` (the generic path: what every device's kernels take)."""
-    if like_q:
+    if like_q or q.dtype not in (torch.bfloat16, torch.float16) or not SDPA_TAKES_FLOAT_MASK:
         return q.dtype
-    return torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
+    return torch.float32
 
 
 def _masked_bias(bias: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -276,7 +277,7 @@ def _explicit(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tens
     return (attn @ v).transpose(1, 2).reshape(bw, n, heads * head_dim)
 
 
-@torch.library.custom_op('swin_rpe::window_attention', mutates_args=())
+@custom_op('swin_rpe::window_attention', mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
                   scale: float, nw: int, mask_like_q: bool = False) -> Tensor:
     """Forward of :func:`_fused` (no dropout; each device's own SDPA kernels on the generic
@@ -322,7 +323,7 @@ def _attention_backward(ctx, grad_out: Tensor):
 _attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
 
 
-@torch.library.custom_op('swin_rpe::window_attention_qkv', mutates_args=())
+@custom_op('swin_rpe::window_attention_qkv', mutates_args=())
 def _attention_qkv_op(qkv: Tensor, heads: int, bias: Tensor, mask: Optional[Tensor],
                       scale: float, nw: int, mask_like_q: bool = False) -> Tensor:
     """:func:`_attention_op` of the q, k, v packed in one qkv projection output [B * nW, N,

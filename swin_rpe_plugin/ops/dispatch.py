@@ -26,58 +26,25 @@ oneDNN ops) cast to it themselves, so autocast means the same on every path.
 
 Kernel choices (:func:`choose_kernel`): where two libraries compute the same product (oneDNN's
 matmul or MKL's sgemm behind ``F.linear``), a fixed rule per kind, device, dtype and CPU class
-(vendor and the instruction set ATen's kernels use) picks one (:data:`KERNEL_RULES`): oneDNN for
-float32 linears on AMD CPUs with AVX-512 and for bfloat16 on non-Intel AVX-512 CPUs, MKL (plain
-``F.linear``, whose bf16 products ATen hands to oneDNN's matmul) everywhere else. Measured, not
-guessed: on AMD Zen 5 (AVX-512) oneDNN reached 200-240 GFLOP/s per core on a Swin block's shapes
-against MKL's 55-110, where MKL takes a slow path; on AVX2-only AMD Zen 3 MKL is the faster one
-(``tools/kernel_rule_cost.py``, Swin-T 512x512 b2, idle: oneDNN 1318 ms, MKL 1202 ms for every
-linear's forward and input gradient; the whole backbone 0.90-0.92x mmdet with oneDNN, 1.06-1.07x
-with MKL); on the Intel AMX machine MKL was as fast as oneDNN for Swin-T and faster for SwinV2-T
-(790 against 926 ms, see docs/swinv2.md), and in bf16 F.linear beat oneDNN's inner product on every
-Swin-T shape (97 against 121 ms, 512x512 b2, Xeon with AMX, 2026-12-02). The class is fixed for a
-machine (``ATEN_CPU_CAPABILITY`` changes the instruction set for a whole process), so the rule is
-as reproducible as a constant. The two libraries sum in different orders, so the choice must never
-depend on timing: an earlier version timed both at first use per shape and process, and on CPUs
-where the two are close (Zen 5) two runs with one seed picked differently and ended with different
-weights. A choice measured once and stored per CPU model was the other option; it was rejected
-because a stored decision is state outside the repository that differs between two machines of one
-model and needs a reset path. The rule gives the same kernel for every shape in every process, so
-``torch.use_deterministic_algorithms(True)`` (and mmengine's ``randomness.deterministic=True``)
-needs nothing more here: every CPU kernel on these paths is run-to-run deterministic at a fixed
-thread count. ``SWIN_RPE_LINEAR=onednn|mkl`` (or :func:`force_kernel`) forces one; tests run each.
-A second kind, ``linear_gelu`` (fc1 at inference), is oneDNN's on CPUs with AVX-512 (where oneDNN
-has the dtype): its epilogue adds the bias and applies GELU, two passes of the 4C-wide output fewer
-than MKL's product and a GELU pass (on the Intel AMX machine: 144 against 164 ms in float32, 46
-against 75 in bf16; on Zen 5 106 against 230 in float32). On AVX2 it is MKL's: there oneDNN's GELU
-epilogue costs more than the pass it saves (``tools/kernel_rule_cost.py``, Zen 3 25/1, 512x512 b2,
-2026-12-03 02:20 UTC: oneDNN fused 326 ms against MKL's product and an in-place GELU 244 ms over
-Swin-T's fc1s, MKL faster on every stage; in the whole backbone, inference, three alternating runs:
-889-936 against 796-840 ms). The earlier figures on AVX2 (423 against 543) timed an out-of-place
-GELU, whose fresh 4C-wide output cost page faults the layer no longer pays; the AVX-512 figures
-above were timed that way too. ``SWIN_RPE_LINEAR_GELU`` forces it. A third, ``attention`` (the CPU
-path's window attention forward), is SDPA's flash kernel except in bf16 on AMD AVX-512, where the
-explicit per-image products win: on the Xeon with AMX (2026-12-02, 512x512 b2, idle) flash took 69
-ms over Swin-T's blocks against 89 for the explicit products in float32, and 57 against 87 in bf16;
-on AMD Zen 5 (family/model 26/2, avx512_bf16 without AMX; 2026-12-02, same case) 75 against 98 in
-float32 but 82 against 57 in bf16, the explicit products faster in every block; on the AVX2 Zen 3
-(family/model 25/1; 2026-12-02 12:32 UTC, same case, three runs) flash 156-177 against 203-240,
-flash faster in every block, so the rule stays flash there; in the whole backbone on that host
-(``tools/benchmark.py --shape 512 512 --batch 2 --no-compile``, inference, four alternating runs,
-16:55-17:00 UTC) flash gave 1.07 and 1.09x mmdet, explicit 1.10 and 1.01x: no difference above the
-host's noise. On that Zen 3 host the linears timed alone favoured oneDNN (1843-2050 against MKL's
-2111-2249 ms) while the whole backbone did not (512x512 b1: inference 766 against 706 ms, train
-step 2268 against 2173), so MKL stays the rule for AVX2. ``SWIN_RPE_ATTENTION=flash|explicit``
-forces one.
+(vendor and the instruction set ATen's kernels use) picks one (:data:`KERNEL_RULES`), never a
+race at first use: the two libraries sum in different orders, so a timed choice made two runs
+with one seed end with different weights. The measurements behind each rule are in
+``docs/kernel-rules.md``. ``SWIN_RPE_LINEAR``, ``SWIN_RPE_LINEAR_GELU`` and
+``SWIN_RPE_ATTENTION`` (or :func:`force_kernel`) force one; tests run each.
+
+Differences between torch versions are asked of ``swin_rpe_plugin.compat``.
 
 Imports torch only.
 """
 import contextlib
 import os
-from typing import ContextManager, Dict, Iterator, Optional
+from typing import Dict, Iterator, Optional
 
 import torch
 from torch import Tensor
+
+from ..compat import (CPU_FLASH_TAKES_MASK, HAS_CUSTOM_OP, SDPA_TAKES_FLOAT_MASK, autocast_available, autocast_context, autocast_dtype,
+                      autocast_enabled, cpu_capability, is_compiling, is_exporting)
 
 __all__ = ['BACKENDS', 'backend', 'force_backend', 'use_cpu_fast_paths', 'compute_dtype',
            'autocast_state', 'autocast_context', 'is_tracing', 'KERNELS', 'KERNEL_RULES',
@@ -116,8 +83,9 @@ def use_cpu_fast_paths(x: Tensor) -> bool:
     CPU: the fast paths are registered ops (``swin_rpe::linear``, ``swin_rpe::window_attention``
     with their shape functions and backwards), which the compiler calls as they are.
     """
-    if torch.compiler.is_compiling():  # checked first: jit's tracing check breaks dynamo graphs
-        return (not torch.compiler.is_exporting() and x.device.type == 'cpu'
+    if is_compiling():  # checked first: jit's tracing check breaks dynamo graphs
+        # Below torch 2.4 the fast paths are not registered ops: the compiler gets plain ones.
+        return (HAS_CUSTOM_OP and not is_exporting() and x.device.type == 'cpu'
                 and backend() == 'auto')
     return x.device.type == 'cpu' and not torch.jit.is_tracing() and backend() == 'auto'
 
@@ -125,7 +93,7 @@ def use_cpu_fast_paths(x: Tensor) -> bool:
 def is_tracing(x: Tensor) -> bool:
     """True under a tracer, exporter or compiler, whose sizes may be symbolic: code must then
     compute from sizes without branching on them, caching by them or looping over them."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+    if is_compiling() or torch.jit.is_tracing():
         return True
     return any(isinstance(s, torch.SymInt) for s in x.shape)
 
@@ -133,9 +101,8 @@ def is_tracing(x: Tensor) -> bool:
 def compute_dtype(x: Tensor) -> torch.dtype:
     """The dtype of x's matrix products: autocast's inside an autocast region, else x's."""
     device = x.device.type
-    if (x.is_floating_point() and torch.amp.is_autocast_available(device)
-            and torch.is_autocast_enabled(device)):
-        return torch.get_autocast_dtype(device)
+    if x.is_floating_point() and autocast_enabled(device):
+        return autocast_dtype(device)
     return x.dtype
 
 
@@ -143,19 +110,10 @@ def autocast_state(device_type: str) -> tuple:
     """(device_type, dtype, enabled) of autocast for the device, to restore it later with
     :func:`autocast_context`; (device_type, None, False) on devices that have no autocast
     (``meta``, where even asking raises)."""
-    if not torch.amp.is_autocast_available(device_type):
+    if not autocast_available(device_type):
         return device_type, None, False
-    return (device_type, torch.get_autocast_dtype(device_type),
-            torch.is_autocast_enabled(device_type))
+    return device_type, autocast_dtype(device_type), autocast_enabled(device_type)
 
-
-def autocast_context(device_type: str, dtype: Optional[torch.dtype] = None,
-                     enabled: bool = False) -> ContextManager:
-    """``torch.autocast(device_type, dtype, enabled)`` where the device has autocast, else a
-    null context (nothing to switch). ``autocast_context(device)`` turns autocast off."""
-    if not torch.amp.is_autocast_available(device_type):
-        return contextlib.nullcontext()
-    return torch.autocast(device_type, dtype=dtype, enabled=enabled)
 
 
 
@@ -227,7 +185,7 @@ def _vendor_id() -> str:
 
 
 # Read once: the compiler cannot trace the queries, and they cannot change within a process.
-CPU_CLASS = cpu_class(_vendor_id(), torch.backends.cpu.get_cpu_capability())
+CPU_CLASS = cpu_class(_vendor_id(), cpu_capability())
 
 
 def choose_kernel(kind: str, device_type: str, dtype: torch.dtype,
@@ -238,6 +196,12 @@ def choose_kernel(kind: str, device_type: str, dtype: torch.dtype,
     forced = _forced_kernel(kind)
     if forced is not None:
         return forced
+    if kind == 'attention' and device_type == 'cpu' and not (
+            CPU_FLASH_TAKES_MASK and (SDPA_TAKES_FLOAT_MASK or dtype == torch.float32)):
+        # This torch's CPU flash kernel takes no additive mask (its math path would build
+        # every attention matrix), or none in float32 next to bf16 q (torch 2.1): the
+        # explicit products add the float32 bias + mask before a float32 softmax.
+        return 'explicit'
     if cpu is None:
         cpu = CPU_CLASS if device_type == 'cpu' else None
     return KERNEL_RULES.get((kind, device_type, dtype, cpu), DEFAULT_KERNELS[kind])

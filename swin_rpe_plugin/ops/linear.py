@@ -20,19 +20,18 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.weak import WeakIdKeyDictionary
-
+from ..compat import (WeakIdKeyDictionary, custom_op, is_compiling, is_exporting,
+                      native_products, onednn_linear_op)
 from .dispatch import choose_kernel, compute_dtype, is_tracing, use_cpu_fast_paths
 
 __all__ = ['linear', 'linear_residual', 'fuses_residual', 'onednn_available']
 
-_OP = getattr(torch.ops.mkldnn, '_linear_pointwise', None) if hasattr(torch.ops, 'mkldnn') \
-    else None
+_OP = onednn_linear_op()
 _OP_BINARY = getattr(_OP, 'binary', None)  # + a tensor in the epilogue (linear_residual)
-_MKLDNN = torch.backends.mkldnn.is_available()
+_MKLDNN = _OP is not None
 # oneDNN has bf16 inner products only on CPUs with native bf16 (avx512_bf16, AMX): elsewhere
 # (an AVX2-only Zen 3, say) it cannot create the primitive, and bf16 products take F.linear.
-_ONEDNN_BF16 = _OP is not None and _MKLDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+_ONEDNN_BF16 = _OP is not None and native_products()[torch.bfloat16]
 
 
 def onednn_available(x: Tensor, kind: str = 'linear') -> bool:
@@ -72,7 +71,7 @@ def _product(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
 
 # The product as a registered op (shape function and backward beside it), so torch.compile sees
 # one opaque call and keeps the oneDNN kernel instead of switching the fast path off.
-@torch.library.custom_op('swin_rpe::linear', mutates_args=())
+@custom_op('swin_rpe::linear', mutates_args=())
 def _linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], gelu: bool,
                residual: Optional[Tensor] = None) -> Tensor:
     """x @ weight.T (+ bias), then exact GELU if ``gelu`` (fused: no gradient for it), or
@@ -132,7 +131,7 @@ _CASTS = WeakIdKeyDictionary()
 def _cast_parameter(t: Tensor, dtype: torch.dtype) -> Tensor:
     if t.dtype == dtype:
         return t
-    if (torch.is_grad_enabled() and t.requires_grad) or torch.compiler.is_compiling():
+    if (torch.is_grad_enabled() and t.requires_grad) or is_compiling():
         return t.to(dtype)  # differentiable; compiled code folds or fuses the cast itself
     key = (t._version, t.data_ptr(), dtype)
     entry = _CASTS.get(t)
@@ -190,7 +189,7 @@ def fuses_residual(x: Tensor, residual: Tensor) -> bool:
     output is rounded), else the plain library's ``addmm_`` into the residual for float32
     products (no autocast: a bf16 product cannot accumulate into a float32 stream); never
     traced or exported."""
-    if torch.jit.is_tracing() or torch.compiler.is_exporting():
+    if torch.jit.is_tracing() or is_exporting():
         return False
     if onednn_available(x):
         return _OP_BINARY is not None and residual.dtype == compute_dtype(x)

@@ -28,6 +28,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from ..compat import compiler_disable, default_device
 from .masks import MASK_VALUE, window_attention_mask
 from .relative_position import to_window_tuple
 from .windows import padded_size, window_partition
@@ -69,7 +70,7 @@ def window_plan(hw: Tuple[int, int], window_size, shift_size=(0, 0),
             then moved (see the module docstring).
     """
     plan = _cpu_window_plan(hw, window_size, shift_size, valid_hw, dtype)
-    device = torch.get_default_device() if device is None else torch.device(device)
+    device = default_device() if device is None else torch.device(device)
     if device.type == 'cpu':
         return plan
     moved = {name: getattr(plan, name).to(device) for name in
@@ -124,7 +125,7 @@ def _cached_plan(*args) -> WindowPlan:
     return window_plan(*args)
 
 
-@torch.compiler.disable  # data-dependent (nonzero): built eagerly, once per size, then cached
+@compiler_disable  # data-dependent (nonzero): built eagerly, once per size, then cached
 def cached_window_plan(hw: Tuple[int, int], window_size: Tuple[int, int],
                        shift_size: Tuple[int, int], valid_hw: Optional[tuple],
                        device: torch.device, dtype: torch.dtype) -> WindowPlan:

@@ -20,8 +20,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
-from torch.autograd.graph import get_gradient_edge
 
+from ..compat import gelu_backward_, gradient_edge, is_compiling
 from .dispatch import autocast_context, autocast_state, compute_dtype
 from .linear import linear, linear_residual
 
@@ -81,7 +81,7 @@ class _LinearRecomputedInput(torch.autograd.Function):
         # Differentiate the prefix through y's gradient edge, and let y go before grad_y is
         # made: LayerNorm's and GELU's backwards keep their inputs, not y, so one tensor of
         # y's size less is live at the step's peak (fc2's input: 4 channel-widths).
-        root = None if not wanted else get_gradient_edge(y) if y.grad_fn is not None else y
+        root = None if not wanted else gradient_edge(y) if y.grad_fn is not None else y
         del y
         with torch.no_grad():
             grad_y = linear(grad_out, weight.t().to(product_dtype)).to(y_dtype)
@@ -121,7 +121,7 @@ def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
         or (residual is not None and residual.requires_grad))
     # Tracers (FLOP counters, exporters) see plain ops; under torch.compile the partitioner
     # decides what backward keeps or recomputes (it cannot trace autograd.grad in a backward).
-    if not needs_grad or torch.jit.is_tracing() or torch.compiler.is_compiling():
+    if not needs_grad or torch.jit.is_tracing() or is_compiling():
         y = prefix(x)
         return linear(y, weight, bias) if residual is None else \
             linear_residual(y, weight, bias, residual)
@@ -146,4 +146,4 @@ def linear_keeping_input(x: Tensor, weight: Tensor, bias: Optional[Tensor],
 def gelu_grad_in_place(x: Tensor, grad: Tensor) -> Tensor:
     """The gradient of the exact (erf) GELU at x, written over ``grad`` (GELU's output
     gradient, of x's shape and dtype): autograd's own kernel, one pass, no new tensor."""
-    return torch.ops.aten.gelu_backward.grad_input(grad, x, approximate='none', grad_input=grad)
+    return gelu_backward_(grad, x)

@@ -12,6 +12,8 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
+from ..compat import is_compiling
+
 __all__ = ['to_window_tuple', 'relative_position_index', 'gather_relative_position_bias',
            'resize_relative_position_bias_table',
            'table_rows']
@@ -75,7 +77,7 @@ def gather_relative_position_bias(table: Tensor, index: Tensor) -> Tensor:
         raise ValueError(f'table must be 2-D [rows, heads], got shape {tuple(table.shape)}')
     # On the CPU only: elsewhere reading the max is a host sync per call (impossible on meta),
     # and an index past the table fails in the gather below anyway.
-    if (not torch.compiler.is_compiling() and not torch.jit.is_tracing() and index.numel()
+    if (not is_compiling() and not torch.jit.is_tracing() and index.numel()
             and index.device.type == 'cpu' and int(index.max()) >= table.shape[0]):
         raise ValueError(f'index refers to row {int(index.max())} but table has '
                          f'{table.shape[0]} rows: window and table do not match')

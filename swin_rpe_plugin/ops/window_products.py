@@ -13,9 +13,8 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
-from torch.utils.weak import WeakIdKeyDictionary
-
-from .dispatch import autocast_context
+from ..compat import (WeakIdKeyDictionary, autocast_context, custom_op, native_products,
+                      softmax_backward_data)
 from .masks import MASK_VALUE
 
 __all__ = ['CHUNK_ELEMENTS', 'NATIVE_PRODUCTS', 'backward_product_dtype', 'underflowing_mask',
@@ -145,8 +144,7 @@ def _product(a: Tensor, b: Tensor, scale: Optional[float], out: Tensor) -> None:
 
 # Whether this CPU multiplies bf16 / fp16 natively (avx512_bf16, AMX, avx512_fp16): elsewhere
 # oneDNN falls back to reference kernels for them, many times slower than float32 products.
-NATIVE_PRODUCTS = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-                   torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported()}
+NATIVE_PRODUCTS = native_products()
 
 
 def backward_product_dtype(dtype: torch.dtype, device_type: str = 'cpu') -> torch.dtype:
@@ -160,7 +158,7 @@ def backward_product_dtype(dtype: torch.dtype, device_type: str = 'cpu') -> torc
     return dtype if NATIVE_PRODUCTS.get(dtype, True) else torch.float32
 
 
-@torch.library.custom_op('swin_rpe::window_attention_backward', mutates_args=())
+@custom_op('swin_rpe::window_attention_backward', mutates_args=())
 def attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
                            mask: Optional[Tensor], scale: float,
                            nw: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -209,7 +207,7 @@ def _attention_backward_impl(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, 
         p = image_probabilities(qi, ki, bias, chunk_mask, hi - lo)
         _products_into(dv[lo:hi], p.to(product).transpose(1, 2), gi)
         dp = torch.bmm(gi, vi.transpose(1, 2)).to(softmax)
-        ds = torch._softmax_backward_data(dp, p, -1, softmax)  # p (dp - rowsum(dp p))
+        ds = softmax_backward_data(dp, p, -1, softmax)  # p (dp - rowsum(dp p))
         del dp, p
         dbias += ds.view(hi - lo, heads, n, n).sum(0)
         ds = ds.to(product)
@@ -233,7 +231,7 @@ def qkv_views(qkv: Tensor, heads: int) -> Tuple[Tensor, Tensor, Tensor]:
     return qkv.view(bw, n, 3, heads, c3 // 3 // heads).permute(2, 0, 3, 1, 4).unbind(0)
 
 
-@torch.library.custom_op('swin_rpe::window_attention_qkv_backward', mutates_args=())
+@custom_op('swin_rpe::window_attention_qkv_backward', mutates_args=())
 def attention_qkv_backward_op(grad_out: Tensor, qkv: Tensor, heads: int, bias: Tensor,
                                mask: Optional[Tensor], scale: float,
                                nw: int) -> Tuple[Tensor, Tensor]:

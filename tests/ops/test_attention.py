@@ -199,6 +199,7 @@ def test_gelu_prefix_gradient_in_place_matches_autograd():
     _assert_same_values_and_gradients(out, ref, inputs)
 
 
+@pytest.mark.needs('HAS_CUSTOM_OP')
 def test_backward_fake_kernel_strides_match_the_kernel():
     """inductor asserts a registered op's output strides against its fake kernel. With q, k,
     v the strided views of a qkv projection (as SwinV2 passes them) the kernel returns dense
@@ -255,6 +256,7 @@ def test_kernels_see_masks_whose_weights_underflow_to_zero_not_to_denormals():
     assert torch.equal(underflowing_mask(custom), custom)
 
 
+@pytest.mark.needs('CPU_FLASH_TAKES_MASK')
 @pytest.mark.parametrize('backend', ['auto', 'generic'])
 def test_training_forward_takes_the_fused_kernel_not_the_math_path(backend):
     """With a bias that requires grad (a parameter in training), SDPA takes its math path,

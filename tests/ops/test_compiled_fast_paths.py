@@ -46,6 +46,7 @@ def tiny_model():
     return model
 
 
+@pytest.mark.needs('HAS_CUSTOM_OP')
 @pytest.mark.parametrize('kernel', ['onednn', 'mkl'])
 def test_compiled_graph_keeps_the_fast_paths(kernel):
     """Forced per library, so the check does not depend on which one this CPU's rule names:
@@ -71,6 +72,7 @@ def test_compiled_graph_is_standard_under_the_generic_backend():
     assert not any(op.startswith('swin_rpe.') for op in called_ops(graphs))
 
 
+@pytest.mark.needs('HAS_CUSTOM_OP')
 def test_compiled_training_runs_the_registered_backwards_and_equals_eager():
     """dynamo + AOT autograd (the 'aot_eager' backend: inductor's front end without its code
     generation, which tests/models/test_compile.py covers) differentiate through the ops'
@@ -88,6 +90,7 @@ def test_compiled_training_runs_the_registered_backwards_and_equals_eager():
         torch.testing.assert_close(grads[1][name] / scale, ref / scale, atol=1e-5, rtol=0)
 
 
+@pytest.mark.needs('HAS_CUSTOM_OP')
 def test_registered_ops_pass_opcheck():
     from swin_rpe_plugin.ops.attention import _attention_op, _attention_qkv_op
     from swin_rpe_plugin.ops.linear import _linear_op

@@ -15,9 +15,9 @@ import copy
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_flatten
 
-from swin_rpe_plugin import SwinTransformer, SwinTransformerV2
+from swin_rpe_plugin import SwinTransformer, SwinTransformerV2, compat
 from swin_rpe_plugin.ops import (attention, shift_attention_mask, window_attention,
                                  window_attention_qkv, window_plan, window_products)
 from swin_rpe_plugin.ops.dispatch import force_backend
@@ -49,7 +49,7 @@ class OnlyOn(TorchDispatchMode):
                 out = body(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
-        for t in tree_leaves((args, kwargs, out)):
+        for t in tree_flatten((args, kwargs, out))[0]:  # tree_leaves: torch >= 2.2
             if isinstance(t, torch.Tensor) and t.device.type != self.device:
                 raise AssertionError(f'{func} has a tensor on {t.device}, not {self.device}')
         return out
@@ -105,7 +105,7 @@ def test_window_attention_forward_and_backward_on_meta(which, dtype, dropout, pa
     # through the SDPA calls.
     op = 'swin_rpe.window_attention_qkv_backward.default' if packed else \
         'swin_rpe.window_attention_backward.default'
-    assert (op in mode.ops) == (dropout == 0)
+    assert (op in mode.ops) == (dropout == 0 and compat.HAS_CUSTOM_OP)  # torch < 2.4: no op
 
 
 TINY = dict(embed_dims=32, depths=(2, 2), num_heads=(1, 2), strides=(4, 2), out_indices=(0, 1),
@@ -141,7 +141,7 @@ def test_whole_backbone_trains_on_meta(model_class, kwargs):
     op = 'swin_rpe.window_attention_qkv_backward.default' if packed else \
         'swin_rpe.window_attention_backward.default'
     recomputed = op in mode.ops
-    assert recomputed == (not kwargs.get('attn_drop_rate'))
+    assert recomputed == (not kwargs.get('attn_drop_rate') and compat.HAS_CUSTOM_OP)
     for name, p in meta.named_parameters():
         assert p.grad is not None, name
         assert (p.grad.shape, p.grad.device.type, p.grad.dtype) == (p.shape, 'meta', p.dtype)
@@ -162,6 +162,7 @@ def test_generic_equals_the_cpu_path_on_shifted_padded_windows(valid_hw):
     """The plan of a shifted block on a 10 x 11 map padded to 12 x 12, padding masked (one
     region for both images, or one per image): both paths give the float64 loop reference's
     outputs and gradients to float32 rounding, and each other's."""
+    torch.manual_seed(0)  # fully masked padding rows carry float32's error at -100: fixed data
     plan = window_plan((10, 11), 4, (2, 2), valid_hw)
     nw, n, heads, hd = plan.num_windows, 16, 2, 8
     full = torch.zeros(B, nw, n, n, dtype=torch.float64)
