@@ -14,7 +14,7 @@ speedup compares, the work of one candidate step and the checks (output diffs) i
   step added on top of weights, input and the interpreter.
 - The timing process keeps freed memory for reuse (:func:`keep_freed_memory`, glibc's malloc), so no
   step pays the page faults of memory another step handed back; the memory children keep the
-  default, the allocator users run.
+  default, the allocator users run (:func:`default_malloc_env`).
 """
 import ctypes
 import gc
@@ -33,7 +33,9 @@ import torch
 
 __all__ = ['DTYPES', 'ROOF_N', 'ChildStep', 'Comparison', 'run_comparison', 'time_interleaved',
            'roof_steps', 'matmul_gflops', 'fast_low_precision', 'record_flags', 'machine_info',
-           'profile_ops', 'child_peak_mb', 'keep_freed_memory', 'KEPT_MALLOC']
+           'profile_ops', 'child_peak_mb', 'keep_freed_memory', 'freed_blocks_merge',
+           'kept_memory_env', 'restart_env', 'default_malloc_env', 'measured_settings',
+           'KEPT_MALLOC', 'KEPT_MALLOC_TCACHE', 'MEASURED_SETTINGS', 'NO_TCACHE']
 
 DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 ROOF_N = 1024  # the roof's product: n x n by n x n, 2 n^3 flops, ~10-40 ms on 2 cores
@@ -80,29 +82,121 @@ class Comparison:
 
 
 KEPT_MALLOC = 'glibc, freed memory kept'  # what keep_freed_memory sets, in every JSON it timed
+# keep_freed_memory in a process started with glibc's per-thread cache on, before glibc 2.39:
+# freed memory is kept, but a freed block is not always reused (see keep_freed_memory).
+KEPT_MALLOC_TCACHE = KEPT_MALLOC + ', tcache on'
+# glibc's tunable that turns its per-thread cache of small chunks off; read when a process starts.
+NO_TCACHE = 'glibc.malloc.tcache_count=0'
+# Settings outside the command line that change what a run measures, recorded with its command:
+# our backend and kernel overrides, the CPU libraries' instruction-set overrides, and glibc's
+# malloc settings (every MALLOC_* variable; GLIBC_TUNABLES but for the harness's own NO_TCACHE).
+# Nothing else: a setup variable (SWIN_RPE_WHEEL_CACHE) or a test's (SWIN_RPE_FUZZ_CASES) is not
+# part of a measurement.
+MEASURED_SETTINGS = ('SWIN_RPE_BACKEND', 'SWIN_RPE_LINEAR', 'SWIN_RPE_LINEAR_GELU',
+                     'SWIN_RPE_ATTENTION', 'ATEN_CPU_CAPABILITY', 'DNNL_MAX_CPU_ISA',
+                     'ONEDNN_MAX_CPU_ISA', 'MKL_ENABLE_INSTRUCTIONS', 'MKL_DEBUG_CPU_TYPE')
+
+
+def measured_settings(environ: Optional[Dict[str, str]] = None) -> List[str]:
+    """``NAME=value`` of each setting in ``environ`` (default: this process's) that changes what
+    a run measures (:data:`MEASURED_SETTINGS`, ``MALLOC_*``, ``GLIBC_TUNABLES``), sorted."""
+    environ = os.environ if environ is None else environ
+    settings = []
+    for name, value in sorted(environ.items()):
+        if name == 'GLIBC_TUNABLES':
+            value = _without_no_tcache(value)
+        if value and (name in MEASURED_SETTINGS or name.startswith('MALLOC_')
+                      or name == 'GLIBC_TUNABLES'):
+            settings.append(f'{name}={value}')
+    return settings
+
+
+def _without_no_tcache(tunables: str) -> str:
+    return ':'.join(t for t in tunables.split(':') if t and t != NO_TCACHE)
+
+
+def _glibc() -> Optional[Tuple[int, int]]:
+    """glibc's (major, minor), or None where the C library is not glibc."""
+    if platform.system() != 'Linux':
+        return None
+    name, version = platform.libc_ver()
+    if name != 'glibc':
+        return None
+    return tuple(int(part) for part in version.split('.')[:2])
+
+
+def _started_without_tcache() -> bool:
+    """Whether this process started with glibc's per-thread cache off (its environment at
+    start, which is what glibc read: ``os.environ`` may have changed since)."""
+    try:
+        with open('/proc/self/environ', 'rb') as f:
+            start = f.read().decode(errors='replace').split('\0')
+    except OSError:
+        return False
+    values = [e.partition('=')[2] for e in start if e.startswith('GLIBC_TUNABLES=')]
+    return bool(values) and NO_TCACHE in values[-1].split(':')
+
+
+def freed_blocks_merge() -> bool:
+    """Whether a freed block merges back into glibc's heap here (see keep_freed_memory)."""
+    version = _glibc()
+    return version is not None and (version >= (2, 39) or _started_without_tcache())
+
+
+def kept_memory_env(environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """``environ`` (default: this process's) with glibc's per-thread cache off, for starting a
+    process in which keep_freed_memory() keeps every freed block for reuse."""
+    env = dict(os.environ if environ is None else environ)
+    others = _without_no_tcache(env.get('GLIBC_TUNABLES', ''))
+    env['GLIBC_TUNABLES'] = f'{others}:{NO_TCACHE}' if others else NO_TCACHE
+    return env
+
+
+def restart_env() -> Optional[Dict[str, str]]:
+    """The environment to start this process again with, so that keep_freed_memory() reuses
+    every freed block; None where no restart is needed (glibc 2.39 or later, the cache off
+    already, or another C library)."""
+    return None if _glibc() is None or freed_blocks_merge() else kept_memory_env()
+
+
+def default_malloc_env(environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """``environ`` (default: this process's) without the harness's NO_TCACHE: what a memory child
+    runs with, the allocator users run."""
+    env = dict(os.environ if environ is None else environ)
+    others = _without_no_tcache(env.pop('GLIBC_TUNABLES', ''))
+    if others:
+        env['GLIBC_TUNABLES'] = others
+    return env
 
 
 def keep_freed_memory() -> str:
     """Make glibc's malloc keep freed memory for reuse in this process: ``mallopt(M_MMAP_MAX,
     0)`` (every block from the heap, none mapped on its own) and ``M_TRIM_THRESHOLD`` at 2 GiB
-    (the heap's free top stays). Returns :data:`KEPT_MALLOC`, or 'default' where the C library
-    is not glibc (nothing changed).
+    (the heap's free top stays). Returns :data:`KEPT_MALLOC`; :data:`KEPT_MALLOC_TCACHE` where a
+    freed block need not be reused (below); 'default' where the C library is not glibc (nothing
+    changed).
 
     Why: by default glibc maps each block of 32 MiB and more afresh and unmaps it when freed, so
-    every such tensor pays its page faults again (48 MiB: 12,288 faults, 17 ms on a Zen 3 core,
-    against 6 ms for the GELU that fills it), and how many a step pays depends on what ran
-    before it in the process. Interleaved, Swin-T train steps at 512x512 b2 (Zen 3, 2026-12-03):
-    mmdet's paid 115k-148k faults a step (2818-2955 ms) and ours after it about none (2519-2560
-    ms), a 1.12x that was the allocator's; with freed memory kept, neither pays any
-    (2469-2552 against 2394-2420 ms, 1.03x). Users get the same with ``MALLOC_MMAP_MAX_=0
-    MALLOC_TRIM_THRESHOLD_=2147483647`` in the environment of a CPU job
-    (``docs/training.md``)."""
-    if platform.system() != 'Linux' or platform.libc_ver()[0] != 'glibc':
+    every such tensor pays its page faults again, and how many a step pays depends on what ran
+    before it (the measurements: docs/backbone.md, docs/training.md).
+
+    Reuse also needs glibc 2.39, or its per-thread cache off from the process's start
+    (:func:`kept_memory_env`; ``tools/benchmark.py`` restarts itself so). torch allocates with
+    ``posix_memalign``, which asks for the size plus the alignment and frees the slack it cuts
+    off; before glibc 2.39 the slack goes to the per-thread cache, where it is never merged
+    (glibc bug 30723). Between a freed block and the heap's free top it keeps the two apart, and
+    the next block of the same size, which again asks for more than that block, takes fresh pages
+    above it: whether a block was reused depended on the heap's alignment and the cache's fill
+    (13 of 30 fresh processes on a Zen 3 with glibc 2.36 faulted a second 64 MiB tensor afresh;
+    with the cache off, none of 30)."""
+    if _glibc() is None:
         return 'default'
     libc = ctypes.CDLL(None)
     m_trim_threshold, m_mmap_max = -1, -4  # glibc's malloc.h
     kept = libc.mallopt(m_mmap_max, 0) == 1 and libc.mallopt(m_trim_threshold, 2**31 - 1) == 1
-    return KEPT_MALLOC if kept else 'default'
+    if not kept:
+        return 'default'
+    return KEPT_MALLOC if freed_blocks_merge() else KEPT_MALLOC_TCACHE
 
 
 def time_interleaved(fns: Dict[str, Callable], x, repeats: int, warmup: int = 1, progress=None):
@@ -215,8 +309,9 @@ def child_peak_mb(step: ChildStep, threads: int) -> float:
     # The child imports benchmarks/ and the package from the clone the parent runs (the repo
     # root: neither need be installed).
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [root] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
+    env = default_malloc_env()
+    env['PYTHONPATH'] = os.pathsep.join(
+        [root] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])
     out = subprocess.run([sys.executable, '-m', __name__, spec], capture_output=True, text=True,
                          env=env)
     if out.returncode:

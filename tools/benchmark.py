@@ -12,7 +12,8 @@ Comparisons (each record: medians of interleaved runs, speedup = baseline / ours
 peak memory of each side in a fresh child process, output diffs, GFLOPs and the fraction of
 this machine's matmul peak in the record's dtype, timed in the same rounds; glibc's malloc keeps
 freed memory for reuse while timing, so no step pays page faults another step caused, unless
---default-malloc; see ``benchmarks/runner.keep_freed_memory``):
+--default-malloc: before glibc 2.39 the tool starts itself again with glibc's per-thread cache
+off, which reuse needs; see ``benchmarks/runner.keep_freed_memory``):
 - v1 archs: mmdet 3.3's SwinTransformer against ours; v2-*: transformers' Swinv2Model against
   our SwinTransformerV2 (transformers importable from PYTHONPATH, else one skip line);
 - --compile: both backbones under torch.compile (training and inference, every dtype) beside our
@@ -45,7 +46,8 @@ sys.path.insert(0, ROOT)
 from benchmarks.backbone import ARCHS, DTYPES, backbone_work  # noqa: E402
 from benchmarks.format import format_profile, format_table, format_work  # noqa: E402
 from benchmarks.runner import (fast_low_precision, keep_freed_memory,  # noqa: E402
-                               machine_info, matmul_gflops, run_comparison)
+                               machine_info, matmul_gflops, measured_settings, restart_env,
+                               run_comparison)
 from swin_rpe_plugin.cli import ArgumentParser  # noqa: E402
 
 DEFAULT_CASES = [((800, 1216), 1), ((512, 512), 2)]
@@ -210,9 +212,9 @@ def provenance(argv) -> dict:
     except (OSError, subprocess.CalledProcessError):
         commit = 'unknown'
     command = ' '.join(['tools/benchmark.py'] + list(sys.argv[1:] if argv is None else argv))
-    # Kernel, backend and malloc overrides change what is measured: they belong to the command.
-    settings = ' '.join(f'{k}={v}' for k, v in sorted(os.environ.items())
-                        if k.startswith(('SWIN_RPE_', 'MALLOC_')) and k != 'SWIN_RPE_SHARED')
+    # Kernel, backend, instruction-set and malloc overrides change what is measured: they belong
+    # to the command; nothing else of the environment does (benchmarks/runner.MEASURED_SETTINGS).
+    settings = ' '.join(measured_settings())
     return dict(command=f'{settings} {command}' if settings else command,
                 date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit)
 
@@ -230,7 +232,9 @@ def work_main(args, argv, machine) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def main(argv=None, restart: bool = False) -> int:
+    """``restart``: when run as a script, start again with glibc's per-thread cache off where
+    keeping freed memory needs it (``benchmarks/runner.keep_freed_memory``)."""
     args = parse_args(argv)
     if args.report:
         from benchmarks.report import write_report
@@ -250,6 +254,10 @@ def main(argv=None) -> int:
     machine = machine_info(args.threads)
     if args.work:
         return work_main(args, argv, machine)
+    env = restart_env() if restart and not args.default_malloc else None
+    if env is not None:
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
     malloc = 'default' if args.default_malloc else keep_freed_memory()
     peaks = {'fp32': matmul_gflops()}
     print(f'{machine["cpu"]}, {args.threads} threads, torch {machine["torch"]}; matmul fp32: '
@@ -288,4 +296,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(main(restart=True))

@@ -113,19 +113,84 @@ def faults_of_a_second_64mib_tensor():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 default = faults_of_a_second_64mib_tensor()
-print(keep_freed_memory(), default, faults_of_a_second_64mib_tensor(), sep='|')
+malloc = keep_freed_memory()
+print(malloc, default, *(faults_of_a_second_64mib_tensor() for _ in range(3)), sep='|')
 '''
+GLIBC = platform.system() == 'Linux' and platform.libc_ver()[0] == 'glibc'
 
 
-@pytest.mark.skipif(platform.system() != 'Linux' or platform.libc_ver()[0] != 'glibc',
+def faults_in_a_fresh_process(env):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, '-c', _FAULTS_OF_A_SECOND_TENSOR], cwd=root, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    malloc, default, *kept = out.strip().splitlines()[-1].split('|')
+    return malloc, int(default), [int(k) for k in kept]
+
+
+@pytest.mark.skipif(not GLIBC,
                     reason='keep_freed_memory sets glibc malloc options; elsewhere it is a no-op')
 def test_timing_process_reuses_freed_memory_without_page_faults():
     """By default glibc maps a 64 MiB tensor afresh each time (its pages faulted in again: 16,384
-    of 4 KiB, or 32 where pages are 2 MiB); once keep_freed_memory() ran, a second tensor reuses
-    the first one's pages. In a fresh process: the malloc options are process-wide."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run([sys.executable, '-c', _FAULTS_OF_A_SECOND_TENSOR], cwd=root,
-                         capture_output=True, text=True, check=True).stdout
-    malloc, default, kept = out.strip().splitlines()[-1].split('|')
+    of 4 KiB, or 32 where pages are 2 MiB); once keep_freed_memory() ran, in a process started
+    as tools/benchmark.py restarts itself (glibc's per-thread cache off), every later tensor
+    reuses the first one's pages. In a fresh process: the malloc options are process-wide."""
+    malloc, default, kept = faults_in_a_fresh_process(runner.kept_memory_env())
     assert malloc == runner.KEPT_MALLOC
-    assert int(default) >= 32 and int(kept) * 8 < int(default)
+    assert default >= 32 and all(k * 8 < default for k in kept), (default, kept)
+
+
+@pytest.mark.skipif(not GLIBC or runner._glibc() >= (2, 39),
+                    reason='glibc 2.39 merges the slack of posix_memalign itself (bug 30723)')
+def test_a_process_started_with_the_per_thread_cache_says_so():
+    """Before glibc 2.39, with its per-thread cache on, the slack posix_memalign frees can keep a
+    freed block apart from the heap's top, and a block of the same size then takes fresh pages:
+    keep_freed_memory() says so in what it returns (recorded in the JSON); the tool restarts."""
+    malloc, _, _ = faults_in_a_fresh_process(runner.default_malloc_env())
+    assert malloc == runner.KEPT_MALLOC_TCACHE
+    assert runner.restart_env()['GLIBC_TUNABLES'].split(':')[-1] == runner.NO_TCACHE
+
+
+def test_environments_of_the_timing_process_and_of_the_memory_children():
+    """The timing process gets NO_TCACHE beside any tunables already set; a memory child gets
+    the allocator users run (NO_TCACHE taken out again, anything else left)."""
+    env = dict(PATH='/bin', GLIBC_TUNABLES='glibc.malloc.arena_max=2')
+    kept = runner.kept_memory_env(env)
+    assert kept['GLIBC_TUNABLES'] == f'glibc.malloc.arena_max=2:{runner.NO_TCACHE}'
+    assert runner.kept_memory_env(kept) == kept  # once only
+    assert runner.default_malloc_env(kept) == env
+    assert 'GLIBC_TUNABLES' not in runner.default_malloc_env(runner.kept_memory_env({}))
+
+
+def test_a_record_carries_only_the_settings_that_change_what_it_measures():
+    """Setup and test variables (SWIN_RPE_WHEEL_CACHE of tools/setup_env.sh) are left out of the
+    recorded command; kernel, backend, instruction-set and malloc overrides are kept."""
+    env = dict(SWIN_RPE_WHEEL_CACHE='/tmp/wheels', SWIN_RPE_FUZZ_CASES='9', HOME='/root',
+               SWIN_RPE_LINEAR='mkl', MALLOC_MMAP_MAX_='0', DNNL_MAX_CPU_ISA='AVX2',
+               GLIBC_TUNABLES=runner.NO_TCACHE)
+    assert runner.measured_settings(env) == ['DNNL_MAX_CPU_ISA=AVX2', 'MALLOC_MMAP_MAX_=0',
+                                             'SWIN_RPE_LINEAR=mkl']
+    env['GLIBC_TUNABLES'] = f'glibc.malloc.arena_max=2:{runner.NO_TCACHE}'
+    assert 'GLIBC_TUNABLES=glibc.malloc.arena_max=2' in runner.measured_settings(env)
+
+
+def test_every_kernel_and_backend_override_is_a_measured_setting():
+    """Each variable ops/dispatch.py reads to force a path or kernel is recorded with a run."""
+    from swin_rpe_plugin.ops.dispatch import KERNELS
+    overrides = {'SWIN_RPE_BACKEND'} | {f'SWIN_RPE_{kind.upper()}' for kind in KERNELS}
+    assert overrides <= set(runner.MEASURED_SETTINGS)
+
+
+def test_the_tool_records_no_setup_variable(monkeypatch):
+    """tools/benchmark.py's JSON command, with the variable of issue 37 set (CI sets it)."""
+    import importlib.util
+    for setting in runner.measured_settings():
+        monkeypatch.delenv(setting.partition('=')[0])
+    monkeypatch.setenv('SWIN_RPE_WHEEL_CACHE', '/tmp/wheels')
+    monkeypatch.setenv('SWIN_RPE_ATTENTION', 'flash')
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location(
+        'benchmark_tool', os.path.join(root, 'tools', 'benchmark.py'))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.provenance(['--quick'])['command'] == \
+        'SWIN_RPE_ATTENTION=flash tools/benchmark.py --quick'
