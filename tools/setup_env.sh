@@ -68,8 +68,7 @@ pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
 if [ "$profile" = pinned ]; then
   "${pip[@]}" -r requirements/build.txt
 else  # torch and numpy first: mmcv compiles against them (no build isolation)
-  "${pip[@]}" $(grep -E '^(torch|numpy)==' "${requirements[1]}") \
-    $(grep -E '^(ninja|wheel)==' requirements/build.txt)
+  "${pip[@]}" $(grep -E '^(torch|numpy|ninja|wheel)==' "${requirements[1]}")
 fi
 # torch >= 2.13 declares setuptools>=77, which dropped pkg_resources that mmcv's setup.py needs:
 # pip warns about the conflict; it is harmless at run time.
