@@ -191,6 +191,7 @@ def test_forced_kernel_serves_every_product(kernel, monkeypatch):
 
 
 @pytest.mark.harness
+@pytest.mark.harness  # counted by benchmarks/work.py
 @pytest.mark.parametrize('kernel', ['onednn', 'mkl'])
 def test_linear_residual_adds_inside_the_product_on_either_library(kernel):
     """residual + F.linear(x, w, b), values and gradients, with the residual added by the
