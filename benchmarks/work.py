@@ -1,46 +1,13 @@
-"""Exact work of one step: product FLOPs, bytes moved outside the products, bytes kept for
-backward and the allocator's peak. Counts, not timings: the same on any CPU and under any load.
+"""Exact work of one step: product FLOPs, bytes moved outside the products (by kind), bytes kept
+for backward and the allocator's peak. Counts, not timings: the same on any CPU and under any
+load, so a change that adds a pass or keeps a tensor shows on every machine
+(tests/benchmarks/test_work_budgets.py).
 
 :func:`count_work` runs one step under a ``TorchDispatchMode`` that sees every aten operator,
-forward and backward, and under ``saved_tensors_hooks`` and the profiler's memory events:
-
-- **product FLOPs**: 2 x multiply-adds of every matrix product (mm, addmm, bmm, baddbmm, the
-  oneDNN linear, convolutions, and the products inside SDPA's fused kernels);
-- **bytes outside the products**: for every other operator, the bytes of its tensor inputs
-  (read) and outputs (written). A tensor counts the memory it spans: a broadcast (stride-0)
-  view counts its storage, a slice its elements. Views move nothing and count zero. Products
-  count only what they do besides the product: ``addmm``/``baddbmm`` first copy the bias into
-  the output on CPU (ATen's ``addmm_impl_cpu_``), and the product then reads it back (beta = 1):
-  two passes of the output, one for the in-place ``addmm_`` (kind "bias prefill"),
-  and SDPA's fused kernels read the mask and write the softmax statistics; oneDNN's linear
-  adds its bias (and GELU, where fused) in the product's epilogue and counts nothing, and a
-  residual added there (its binary post-op) counts one read of it; a sum or mean into another
-  dtype first casts its whole input (a pass its operands do not show);
-  ``index_fill_`` reads its index and writes only the slices it names; ``copy_``, ``fill_``
-  and ``zero_`` write their destination without reading it;
-- **registered ops are not fused kernels**: a ``swin_rpe::`` op is counted through its Python
-  implementation, operator by operator (only the aten kernels it calls are kernels). The
-  replay runs below autograd, where no tensor requires grad, so a kernel choice that depends
-  on ``requires_grad`` (SDPA leaves its fused kernels for a mask that requires grad) is not
-  what the real step makes unless the op detaches its inputs, as ours does: the profile of
-  the real step (``--profile``) is the check;
-- **kept for backward**: unique storages packed by autograd (``saved_tensors_hooks``),
-  parameters excluded (their low-precision casts under autocast are counted, and also given
-  apart as ``saved_weight_cast_bytes``: a tensor of a weight's shape in bf16/fp16; mmdet's
-  side keeps one per weight, ours none); **allocator peak**: the running sum of the profiler's memory events
-  over the step, above what was allocated before it.
-
-Kinds of the breakdown (:data:`KINDS`) go by operator, and by shape for elementwise ops: an
-operand whose last two sizes are equal (a window's N x N attention matrix, the bias) makes
-the op "attention". A permute + contiguous (a window partition as mmdet writes it) is a
-copy, so it is "cast/copy"; a gather by index is "window gather/scatter".
-
-The step runs once before counting (caches of plans, biases and weight casts warm, as in a
-training loop) and at one thread while counting: SDPA's CPU kernels size their scratch buffers
-by the thread count, the one thing the peak would otherwise depend on. By default the counted
-call skips the arithmetic of mm/addmm/bmm/baddbmm (their outputs are allocated with the shapes
-and strides the kernels give, and left unwritten): the counts stay exact, and bf16 counts take
-seconds on CPUs that emulate bf16 products.
+forward and backward, under ``saved_tensors_hooks`` and the profiler's memory events. What each
+operator counts (spans of views, the bias prefill of ``addmm``, oneDNN's epilogues, registered
+ops, kinds by operator and shape, one thread, products' arithmetic skipped) is set out in
+docs/analysis.md, "How the counter counts".
 """
 import contextlib
 from collections import Counter
