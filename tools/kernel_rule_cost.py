@@ -15,31 +15,7 @@ their real window plans) by SDPA's flash kernel and by the explicit per-image pr
 bf16`` times every product in bf16 (the rules for bf16; meaningful only on a CPU that multiplies
 bf16 natively).
 
-What the 'linear_gelu' rule of AVX2 rests on (AMD EPYC Zen 3, family/model 25/1, 2 threads,
-idle, 512x512 b2, five repeats, 2026-12-03 02:20 UTC): the backbone's fc1 + GELU take 326 ms with
-oneDNN's fused epilogue against 244 ms for MKL's product and a GELU pass; per stage 41.6 / 25.7 /
-24.3 / 22.8 ms against 37.9 / 22.9 / 15.2 / 15.6. The same host's first figures (423 against 543,
-2026-12-02) timed ``F.gelu(F.linear(...))``: an out-of-place GELU whose fresh 4C-wide output
-(48 MiB on stage 1) costs glibc's fresh pages, 18 ms of page faults a call, which the layer's
-in-place GELU does not pay. The AVX-512 figures below were timed that way too.
-
-What the 'attention' rule for bf16 on AMD AVX-512 rests on (AMD EPYC Zen 5, family/model 26/2,
-avx512_bf16 without AMX, 2 threads, idle, 512x512 b2, five repeats, 2026-12-02 05:45 UTC,
-``--dtype bf16``): the window attention forward over Swin-T's blocks took 82 ms with SDPA's flash
-kernel against 57 ms by the explicit per-image products, which won every block (stage 1 regular
-18.1 against 10.2 ms); with the explicit loops chunked (commit 73ab13c, 07:20 UTC) 91 against
-53 ms, and 125 against 73 at 800x1216 b1. In float32 flash won, 75 against 98 ms (58 against 79
-after the chunking). The same run's other kinds kept their rules: float32 linears oneDNN 570 ms
-against MKL 1128; bf16 linears oneDNN 233 against F.linear 226 (within 3%); fc1 + GELU oneDNN
-fused 106 against 230 ms (fp32), 56 against 93 (bf16).
-
-What the float32 rules of AVX2 AMD rest on, remeasured (AMD EPYC Zen 3, family/model 25/1, 2
-threads, idle, 512x512 b2, 2026-12-02 12:32 UTC, three runs): attention flash 156-177 ms against
-explicit 203-240 (flash faster in every block: the rule stays the default); the linears oneDNN
-1843-2050 against MKL 2111-2249, the opposite of the earlier Zen 3 host (1318 against 1202), but in
-the whole backbone MKL was still faster (``SWIN_RPE_LINEAR`` forced, ``tools/benchmark.py --shape
-512 512 --no-compile``, b1: inference 706 against 766 ms, train step 2173 against 2268), so the
-rule stays MKL: the per-shape figures here time each product alone, with its operands in cache.
+The rules' measurements by this tool, per CPU and date, are kept in docs/kernel-rules.md.
 """
 import json
 import os
