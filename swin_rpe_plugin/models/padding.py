@@ -1,4 +1,4 @@
-"""Pass each image's unpadded size from mmdet/mmseg data samples to our backbone.
+"""Keep batch padding out of a whole mmdet/mmseg model that has our backbone.
 
 Detectors and segmentors call ``self.backbone(batch_inputs)`` without the data samples, which
 carry every image's ``img_shape`` (its size before batch padding). Rather than subclass every
@@ -11,20 +11,109 @@ by one hook (``custom_hooks = [dict(type='swin_rpe_plugin.PaddingAwareHook')]``)
 The sizes are used only when the backbone's input matches them: same batch size and every size
 within the input (slide inference feeds crops whose samples describe the whole image; those
 crops run without them).
-"""
-from typing import List, Optional, Sequence, Tuple
 
+Past the backbone the same sizes reach the neck and the heads (see ``docs/padding-aware.md``):
+every convolution of the neck and of the dense / decode heads sees zeros beyond each image (a
+pre-hook on the conv), the neck's outputs are zero there, and the toolkit modules whose
+arithmetic itself reads across the border get a padding-aware drop-in class
+(``padding_mmdet.py``: dense heads predict from the image's own positions only, RoI extractors
+read the image's edge as the map's edge; ``padding_mmseg.py``: UperNet). A feature map's valid
+region is ``ceil(h / s)`` x ``ceil(w / s)`` for an image of h x w pixels, where s is the map's
+stride, the power of two that turns the batch's input size into the map's size (as the
+backbone's nested ceilings do).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
-from torch import nn
+from torch import Tensor, nn
 
 from ..registry import HOOKS
 
 _ATTR = '_swin_rpe_padding_aware'
+STATE_ATTR = '_swin_rpe_padding_state'
+Size = Tuple[int, int]
 
 
-def valid_sizes_from_samples(data_samples: Optional[Sequence]) -> Optional[List[Tuple[int, int]]]:
+# --- pure tensor functions ----------------------------------------------------------------
+
+def feature_stride(map_hw: Sequence[int], input_hw: Sequence[int]) -> int:
+    """The power of two s with ``ceil(input / s) == map`` in both dimensions (the smallest).
+
+    Raises ValueError when there is none (the map is not a strided view of the input).
+    """
+    hp, wp = int(input_hw[0]), int(input_hw[1])
+    hf, wf = int(map_hw[0]), int(map_hw[1])
+    s = 1
+    while s <= 2 * max(hp, wp):
+        if -(-hp // s) == hf and -(-wp // s) == wf:
+            return s
+        s *= 2
+    raise ValueError(f'a feature map of {hf}x{wf} is not a power-of-two stride of the input '
+                     f'{hp}x{wp}; padding-aware modules need maps of size ceil(input / 2**k)')
+
+
+def valid_sizes_at(sizes: Sequence[Size], map_hw: Sequence[int],
+                   input_hw: Sequence[int]) -> Tuple[Size, ...]:
+    """Each image's (h, w) region on a feature map: ``ceil(h / s)``, s its stride."""
+    s = feature_stride(map_hw, input_hw)
+    return tuple((-(-int(h) // s), -(-int(w) // s)) for h, w in sizes)
+
+
+def region_mask(valid: Sequence[Size], hw: Sequence[int], like: Tensor) -> Tensor:
+    """[B, 1, H, W] in ``like``'s dtype: 1 inside each image's top-left (h, w) region."""
+    rows = torch.arange(int(hw[0]), device=like.device)
+    cols = torch.arange(int(hw[1]), device=like.device)
+    sizes = torch.tensor([list(v) for v in valid], device=like.device).view(-1, 2)
+    inside = (rows[None, :, None] < sizes[:, 0, None, None]) & \
+        (cols[None, None, :] < sizes[:, 1, None, None])
+    return inside.to(like.dtype).unsqueeze(1)
+
+
+def resize_regions(x: Tensor, valid: Sequence[Size], out_valid: Sequence[Size],
+                   out_hw: Sequence[int], mode: str = 'bilinear',
+                   align_corners: Optional[bool] = False) -> Tensor:
+    """Resize each image's region alone: [B, C, H, W] -> [B, C, *out_hw], zeros outside.
+
+    Image b's top-left ``valid[b]`` region is resized to ``out_valid[b]`` and written at the
+    top-left of its output, so nothing beyond an image's border takes part (the image's own
+    edge is the edge the interpolation clamps to, as if it had been run alone and unpadded).
+    """
+    out = x.new_zeros(x.shape[0], x.shape[1], int(out_hw[0]), int(out_hw[1]))
+    kwargs = {} if mode in ('nearest', 'area') else {'align_corners': align_corners}
+    for b, ((h, w), (oh, ow)) in enumerate(zip(valid, out_valid)):
+        region = x[b:b + 1, :, :h, :w]
+        if (h, w) != (oh, ow):
+            region = nn.functional.interpolate(region, size=(oh, ow), mode=mode, **kwargs)
+        out[b:b + 1, :, :oh, :ow] = region
+    return out
+
+
+def replicate_edges(x: Tensor, valid: Sequence[Size]) -> Tensor:
+    """Copy each image's last valid row and column one step outwards (where there is room).
+
+    Bilinear sampling next to an image's bottom/right edge then reads the edge value, as it
+    does when the map ends there (mmcv's RoIAlign clamps to the last row/column).
+    """
+    hh, ww = x.shape[-2:]
+    if all(h >= hh and w >= ww for h, w in valid):
+        return x
+    x = x.clone()
+    for b, (h, w) in enumerate(valid):
+        if h < hh:
+            x[b, :, h, :w] = x[b, :, h - 1, :w]
+        if w < ww:
+            x[b, :, :h, w] = x[b, :, :h, w - 1]
+        if h < hh and w < ww:
+            x[b, :, h, w] = x[b, :, h - 1, w - 1]
+    return x
+
+
+def valid_sizes_from_samples(data_samples: Optional[Sequence]) -> Optional[List[Size]]:
     """(h, w) of each image before batch padding, from the samples' ``img_shape``."""
     if not data_samples:
         return None
@@ -37,12 +126,139 @@ def valid_sizes_from_samples(data_samples: Optional[Sequence]) -> Optional[List[
     return sizes
 
 
-def enable_padding_aware(model: nn.Module) -> nn.Module:
-    """Make a detector/segmentor with our backbone pass its images' sizes to the backbone.
+# --- the state one model's hooks share ----------------------------------------------------
 
-    Idempotent. The backbone should be built with ``mask_padding=True`` (its own padding is
-    then masked too); raises TypeError when the model has no ``SwinTransformer`` of ours as
-    ``backbone``.
+class PaddingState:
+    """The sizes of the batch in flight: set by the model's and backbone's pre-hooks.
+
+    ``input_hw`` is set only when the backbone took the sizes (the input fits them); the neck
+    and heads act only then. Masks are cached per map size for the call.
+    """
+
+    def __init__(self) -> None:
+        self.sizes: Optional[List[Size]] = None
+        self.input_hw: Optional[Size] = None
+        self._masks: Dict[tuple, Optional[Tensor]] = {}
+        self._edges: Dict[int, Tuple[Tensor, Tensor]] = {}
+
+    @property
+    def active(self) -> bool:
+        return self.input_hw is not None and self.sizes is not None
+
+    def reset(self) -> None:
+        self.sizes, self.input_hw = None, None
+        self._masks.clear()
+        self._edges.clear()
+
+    def valid(self, map_hw: Sequence[int]) -> Tuple[Size, ...]:
+        return valid_sizes_at(self.sizes, map_hw, self.input_hw)
+
+    def mask(self, x: Tensor) -> Optional[Tensor]:
+        """[B, 1, H, W] mask for a map like ``x``, or None when no image is padded on it."""
+        if not self.active or x.dim() != 4 or x.shape[0] != len(self.sizes):
+            return None
+        key = (tuple(x.shape[-2:]), x.dtype, x.device)
+        if key not in self._masks:
+            valid = self.valid(x.shape[-2:])
+            full = all(v == tuple(x.shape[-2:]) for v in valid)
+            self._masks[key] = None if full else region_mask(valid, x.shape[-2:], x)
+        return self._masks[key]
+
+    def masked(self, x: Tensor) -> Tensor:
+        m = self.mask(x)
+        return x if m is None else x * m
+
+    def edges_replicated(self, x: Tensor) -> Tensor:
+        """:func:`replicate_edges` of a batch map, cached for the call (cascade stages)."""
+        if not self.active or x.dim() != 4 or x.shape[0] != len(self.sizes):
+            return x
+        hit = self._edges.get(id(x))
+        if hit is None or hit[0] is not x:
+            hit = (x, replicate_edges(x, self.valid(x.shape[-2:])))
+            self._edges[id(x)] = hit
+        return hit[1]
+
+
+def padding_state(module: nn.Module) -> Optional[PaddingState]:
+    """The state a padding-aware submodule was given, or None."""
+    return getattr(module, STATE_ATTR, None)
+
+
+# --- hooks --------------------------------------------------------------------------------
+
+def _masked_input_hook(state: PaddingState):
+    def hook(module, args):
+        if not state.active or not args or not isinstance(args[0], Tensor):
+            return None
+        m = state.mask(args[0])
+        if m is None:
+            return None
+        return (args[0] * m,) + tuple(args[1:])
+    return hook
+
+
+def _masked_output_hook(state: PaddingState):
+    def hook(module, args, output):
+        if not state.active:
+            return None
+        if isinstance(output, Tensor):
+            return state.masked(output)
+        if isinstance(output, (list, tuple)) and all(isinstance(o, Tensor) for o in output):
+            return type(output)(state.masked(o) for o in output)
+        return None
+    return hook
+
+
+def mask_conv_inputs(module: nn.Module, state: PaddingState) -> int:
+    """Pre-hook every spatial convolution in ``module``: zero its input beyond each image."""
+    count = 0
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d) and (max(m.kernel_size) > 1 or max(m.stride) > 1):
+            m.register_forward_pre_hook(_masked_input_hook(state))
+            count += 1
+    return count
+
+
+def _toolkit_parts(inner: nn.Module, state: PaddingState) -> List[str]:
+    """Make the neck and the heads padding-aware; return what was done, for the log."""
+    done = []
+    neck = getattr(inner, 'neck', None)
+    if isinstance(neck, nn.Module):
+        necks = neck if isinstance(neck, (nn.ModuleList, nn.Sequential)) else [neck]
+        for n in necks:
+            mask_conv_inputs(n, state)
+            n.register_forward_hook(_masked_output_hook(state))
+            done.append(type(n).__name__)
+    for name in ('rpn_head', 'bbox_head', 'roi_head', 'decode_head', 'auxiliary_head'):
+        head = getattr(inner, name, None)
+        if not isinstance(head, nn.Module):
+            continue
+        heads = head if isinstance(head, nn.ModuleList) else [head]
+        for h in heads:
+            done.extend(_make_head_aware(h, name, state))
+    return done
+
+
+def _make_head_aware(head: nn.Module, name: str, state: PaddingState) -> List[str]:
+    module = type(head).__module__
+    if module.startswith('mmdet'):
+        from . import padding_mmdet
+        return padding_mmdet.make_aware(head, name, state)
+    if module.startswith('mmseg'):
+        from . import padding_mmseg
+        return padding_mmseg.make_aware(head, name, state)
+    if name != 'roi_head':  # unknown image-space head: at least its convs see zeros beyond
+        mask_conv_inputs(head, state)
+    return [f'{type(head).__name__} (convs only)']
+
+
+def enable_padding_aware(model: nn.Module) -> nn.Module:
+    """Make a detector/segmentor with our backbone keep batch padding out of its outputs.
+
+    Idempotent. The backbone gets each image's size (it should be built with
+    ``mask_padding=True``: its own padding is then masked too); the neck and heads are made
+    padding-aware as described in the module docstring. Raises TypeError when the model has no
+    ``SwinTransformer`` of ours as ``backbone``.
     """
     from .swin import SwinTransformer
     inner = model.module if is_model_wrapper(model) else model
@@ -52,31 +268,37 @@ def enable_padding_aware(model: nn.Module) -> nn.Module:
                         f'swin_rpe_plugin.SwinTransformer, got {type(backbone).__name__}')
     if getattr(inner, _ATTR, False):
         return model
-    pending = {}
+    state = PaddingState()
 
     def model_pre_hook(module, args, kwargs):
+        state.reset()
         samples = kwargs.get('data_samples', args[1] if len(args) > 1 else None)
-        pending['sizes'] = valid_sizes_from_samples(samples)
+        state.sizes = valid_sizes_from_samples(samples)
 
     def model_post_hook(module, args, output):
-        pending.clear()
+        state.reset()
 
     def backbone_pre_hook(module, args, kwargs):
-        sizes = pending.get('sizes')
+        sizes = state.sizes
         if sizes is None or kwargs.get('valid_sizes') is not None or not args:
             return None
         x = args[0]
         if x.shape[0] != len(sizes) or any(h > x.shape[2] or w > x.shape[3] for h, w in sizes):
             return None
+        state.input_hw = (int(x.shape[2]), int(x.shape[3]))
         return args, {**kwargs, 'valid_sizes': sizes}
 
     inner.register_forward_pre_hook(model_pre_hook, with_kwargs=True)
     inner.register_forward_hook(model_post_hook, always_call=True)
     backbone.register_forward_pre_hook(backbone_pre_hook, with_kwargs=True)
+    parts = _toolkit_parts(inner, state)
     setattr(inner, _ATTR, True)
+    setattr(inner, STATE_ATTR, state)
     if not backbone.mask_padding:
         print_log('padding-aware: the backbone has mask_padding=False; its own window padding '
                   'still takes part in attention', logger='current')
+    if parts:
+        print_log(f'padding-aware past the backbone: {", ".join(parts)}', logger='current')
     return model
 
 
@@ -86,5 +308,5 @@ class PaddingAwareHook(Hook):
 
     def before_run(self, runner) -> None:
         enable_padding_aware(runner.model)
-        print_log('padding-aware: backbone features ignore batch padding (valid sizes from '
-                  'img_shape)', logger='current')
+        print_log('padding-aware: outputs ignore batch padding (valid sizes from img_shape)',
+                  logger='current')

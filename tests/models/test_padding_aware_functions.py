@@ -1,0 +1,64 @@
+"""The tensor functions behind padding-aware necks and heads, against plain references."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from swin_rpe_plugin.models.padding import (feature_stride, region_mask, replicate_edges,
+                                            resize_regions, valid_sizes_at)
+
+
+def test_feature_stride_and_valid_sizes_follow_nested_ceilings():
+    # The backbone and FPN halve with ceilings; an image's region shrinks the same way.
+    for hp, wp in [(128, 160), (100, 75), (511, 511), (112, 137)]:
+        hf, wf, vh, vw = hp, wp, hp - 3, wp - 5
+        for k in range(6):
+            if hf > 1 or wf > 1:  # a 1x1 map is every stride at once
+                assert feature_stride((hf, wf), (hp, wp)) == 2**k
+            assert valid_sizes_at([(hp - 3, wp - 5)], (hf, wf), (hp, wp)) == ((vh, vw),)
+            hf, wf, vh, vw = -(-hf // 2), -(-wf // 2), -(-vh // 2), -(-vw // 2)
+    assert valid_sizes_at([(97, 131), (150, 90)], (40, 40), (160, 160)) == ((25, 33), (38, 23))
+
+
+def test_feature_stride_refuses_maps_that_are_not_strided_views():
+    with pytest.raises(ValueError, match='power-of-two stride'):
+        feature_stride((14, 14), (128, 160))
+
+
+def test_region_mask():
+    m = region_mask([(2, 3), (4, 1)], (4, 5), torch.zeros(1, dtype=torch.float64))
+    assert m.shape == (2, 1, 4, 5) and m.dtype == torch.float64
+    assert m[0, 0].sum() == 6 and m[0, 0, :2, :3].all() and m[1, 0, :, 0].all()
+    assert m[1, 0].sum() == 4
+
+
+@pytest.mark.parametrize('mode,align', [('bilinear', False), ('bilinear', True),
+                                        ('nearest', None)])
+def test_resize_regions_is_each_region_resized_alone(mode, align):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 9, 11)
+    valid, out_valid, out_hw = [(5, 7), (9, 4)], [(10, 13), (17, 8)], (18, 22)
+    out = resize_regions(x, valid, out_valid, out_hw, mode, align)
+    assert out.shape == (2, 3, 18, 22)
+    for b, ((h, w), (oh, ow)) in enumerate(zip(valid, out_valid)):
+        kwargs = {} if mode == 'nearest' else {'align_corners': align}
+        ref = F.interpolate(x[b:b + 1, :, :h, :w].clone(), size=(oh, ow), mode=mode, **kwargs)
+        assert torch.equal(out[b:b + 1, :, :oh, :ow], ref)
+        assert out[b, :, oh:].abs().sum() == 0 and out[b, :, :, ow:].abs().sum() == 0
+    # what lies beyond a region never reaches the output
+    y = x.clone()
+    y[0, :, 5:] = 1e6
+    y[1, :, :, 4:] = -1e6
+    assert torch.equal(resize_regions(y, valid, out_valid, out_hw, mode, align), out)
+
+
+def test_replicate_edges_copies_the_last_row_and_column_outwards():
+    x = torch.arange(2 * 1 * 4 * 5, dtype=torch.float32).view(2, 1, 4, 5)
+    before = x.clone()
+    y = replicate_edges(x, [(2, 3), (4, 5)])
+    assert torch.equal(x, before)  # the input is not changed
+    assert torch.equal(y[1], x[1])  # a full region: nothing to copy
+    assert torch.equal(y[0, 0, 2, :3], x[0, 0, 1, :3])
+    assert torch.equal(y[0, 0, :2, 3], x[0, 0, :2, 2])
+    assert y[0, 0, 2, 3] == x[0, 0, 1, 2]
+    assert torch.equal(y[0, 0, 3], x[0, 0, 3]) and torch.equal(y[0, 0, :, 4], x[0, 0, :, 4])
+    assert replicate_edges(x, [(4, 5), (4, 5)]) is x
