@@ -25,7 +25,7 @@ __all__ = ['TORCH_FLOOR', 'TORCH_VERSION', 'check_torch', 'HAS_CUSTOM_OP', 'cust
            'cpu_capability', 'HAS_DYNAMO_EXPORTER', 'HAS_SAFE_GLOBALS',
            'register_load_state_dict_pre_hook', 'SDPA_TAKES_FLOAT_MASK', 'default_device',
            'CPU_FLASH_TAKES_MASK',
-           'gelu_backward_']
+           'gelu_backward_', 'weights_only_globals']
 
 TORCH_FLOOR = (2, 1)
 
@@ -246,6 +246,24 @@ def _cpu_flash_takes_mask() -> bool:
 # takes its own explicit products (ops/dispatch.py). Asked of ATen's kernel choice; False if
 # that private entry is missing (the explicit products are right on any torch).
 CPU_FLASH_TAKES_MASK = _cpu_flash_takes_mask()
+
+
+def weights_only_globals() -> dict:
+    """{'module.name': object} that ``torch.load(weights_only=True)`` allows by itself
+    (tensors, storages, dtypes, OrderedDict), from torch's own unpickler (private); a minimal
+    equivalent where that entry is missing."""
+    try:
+        from torch._weights_only_unpickler import _get_allowed_globals
+        return dict(_get_allowed_globals())
+    except (ImportError, AttributeError):
+        import collections
+        import torch._utils as utils
+        entries = [collections.OrderedDict, torch.Size, torch.Tensor,
+                   torch.nn.Parameter, utils._rebuild_tensor_v2, utils._rebuild_parameter]
+        table = {f'{e.__module__}.{e.__qualname__}': e for e in entries}
+        table.update({str(d): d for d in (torch.float16, torch.bfloat16, torch.float32,
+                                          torch.float64, torch.int64, torch.uint8, torch.bool)})
+        return table
 
 
 # --- Private CPU entries (torch.ops.mkldnn, torch._C): each with its fallback -------------

@@ -189,3 +189,52 @@ def test_cpu_masked_attention_never_takes_the_math_path():
     assert 'aten::_scaled_dot_product_attention_math' not in names
     expected = window_attention(q, k, v, bias, mask, windows_per_image=nw, fused=False)
     assert torch.allclose(out, expected, atol=1e-5)
+
+
+def test_the_default_exporter_is_the_one_this_torch_has(tmp_path):
+    """torch >= 2.5 exports through dynamo by default; an older one through TorchScript, and
+    asking it for dynamo is a one-line error naming what to use."""
+    from swin_rpe_plugin.deploy import DEFAULT_EXPORTER, export_onnx
+    assert DEFAULT_EXPORTER == ('dynamo' if compat.HAS_DYNAMO_EXPORTER else 'classic')
+    if not compat.HAS_DYNAMO_EXPORTER:
+        with pytest.raises(ValueError, match="needs torch >= 2.5") as err:
+            export_onnx(torch.nn.Linear(2, 2), torch.randn(1, 2), str(tmp_path / 'x.onnx'),
+                        'dynamo')
+        assert '\n' not in str(err.value) and "exporter='classic'" in str(err.value)
+
+
+def test_safe_load_without_an_allow_list_resolves_the_same_globals_and_no_others(
+        tmp_path, monkeypatch):
+    """torch < 2.4 has no add_safe_globals: safe_torch_load then unpickles through a restricted
+    unpickler with torch's own weights-only globals and the mmengine allow-list. A Runner-like
+    checkpoint (numpy in meta, a HistoryBuffer) loads as plain torch.load reads it; a pickle
+    that calls code is refused in the words the loader reports as unsafe."""
+    import pickle
+
+    import numpy as np
+    from mmengine.logging import HistoryBuffer
+
+    from swin_rpe_plugin.checkpoint import compat as checkpoint_compat
+    monkeypatch.setattr(checkpoint_compat, 'allow_mmengine_checkpoints', lambda: False)
+    buffer = HistoryBuffer()
+    buffer.update(3.0)
+    saved = {'state_dict': {'w': torch.randn(3, 2), 'b': torch.ones(2).bfloat16()},
+             'meta': {'epoch': np.int64(4), 'loss': np.float64(0.5), 'arr': np.arange(3)},
+             'message_hub': {'loss': buffer}}
+    for zipped in (True, False):
+        path = tmp_path / f'runner_{zipped}.pth'
+        torch.save(saved, path, _use_new_zipfile_serialization=zipped)
+        loaded = checkpoint_compat.safe_torch_load(str(path))
+        for key, value in saved['state_dict'].items():
+            assert torch.equal(loaded['state_dict'][key], value)
+        assert loaded['meta']['epoch'] == 4 and loaded['meta']['loss'] == 0.5
+        assert np.array_equal(loaded['meta']['arr'], np.arange(3))
+        assert loaded['message_hub']['loss'].current() == 3.0
+
+    class Code:
+        def __reduce__(self):
+            return (os.system, ('true', ))
+
+    torch.save({'x': Code()}, tmp_path / 'code.pth')
+    with pytest.raises(pickle.UnpicklingError, match='Unsupported global: GLOBAL posix.system'):
+        checkpoint_compat.safe_torch_load(str(tmp_path / 'code.pth'))

@@ -11,12 +11,13 @@ The allow-list holds data classes only, never a general callable: ``builtins.get
 HistoryBuffer pickles use to name its statistics methods, e.g. ``getattr(HistoryBuffer, 'min')``)
 is replaced by :func:`history_buffer_getattr`, which resolves nothing else.
 """
+import _compat_pickle
 import pickle
-from typing import Any, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 
-from ..compat import HAS_SAFE_GLOBALS  # noqa: E402
+from ..compat import HAS_SAFE_GLOBALS, weights_only_globals  # noqa: E402
 
 
 def history_buffer_getattr(obj: Any, name: str) -> Any:
@@ -64,11 +65,52 @@ def allow_mmengine_checkpoints() -> bool:
     return True
 
 
+def _qualified_name(entry: Any) -> Tuple[str, Any]:
+    if isinstance(entry, tuple):
+        return entry[1], entry[0]
+    return f'{entry.__module__}.{entry.__qualname__}', entry
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """torch < 2.4 (no ``add_safe_globals``): an unpickler that resolves only torch's own
+    weights-only globals and the mmengine allow-list, refusing anything else in the words
+    torch's unpickler uses ('Unsupported global')."""
+    allowed: Dict[str, Any] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        # Python 2 names (protocol-2 pickles), mapped as pickle's own find_class does
+        module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        found = self.allowed.get(f'{module}.{name}')
+        if found is None:
+            raise pickle.UnpicklingError(f'Weights only load failed: Unsupported global: '
+                                         f'GLOBAL {module}.{name}')
+        return found
+
+
+class _RestrictedPickle:
+    """What ``torch.load(pickle_module=...)`` takes: ``Unpickler`` and ``load``."""
+    Unpickler = _RestrictedUnpickler
+    __name__ = 'swin_rpe_restricted_pickle'
+
+    @staticmethod
+    def load(file, **kwargs):
+        return _RestrictedUnpickler(file, **kwargs).load()
+
+
 def safe_torch_load(path: str) -> Any:
     """``torch.load(weights_only=True)`` on CPU with the mmengine allow-list registered.
 
     Registered process-wide (idempotent), not through the ``safe_globals`` context manager,
     whose exit would remove the entries that ``allow_mmengine_checkpoints()`` had added before.
+    Below torch 2.4 (no allow-list to register) the same globals, and no others, are resolved
+    by a restricted unpickler instead.
     """
-    allow_mmengine_checkpoints()
-    return torch.load(path, map_location='cpu', weights_only=True)
+    if allow_mmengine_checkpoints():
+        return torch.load(path, map_location='cpu', weights_only=True)
+    if not _RestrictedUnpickler.allowed:
+        import _codecs  # bytes in protocol-2 pickles (numpy scalars); newer torches allow it
+        _RestrictedUnpickler.allowed = {**weights_only_globals(), '_codecs.encode': _codecs.encode,
+                                        'builtins.bytes': bytes,
+                                        **dict(map(_qualified_name, mmengine_safe_globals()))}
+    return torch.load(path, map_location='cpu', pickle_module=_RestrictedPickle)

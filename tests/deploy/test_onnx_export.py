@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import salient_bias_tables
-from swin_rpe_plugin import SwinTransformer
+from swin_rpe_plugin import SwinTransformer, compat
 from swin_rpe_plugin.deploy import ExportPart, export_onnx, verify_onnx
 
 pytestmark = pytest.mark.heavy  # minutes: scheduled first (tests/conftest.py)
@@ -55,6 +55,7 @@ def test_classic_exporter_is_right_at_every_size(tmp_path, window, mask_padding)
     export_and_check(tmp_path, tiny_backbone(window, mask_padding), 'classic')
 
 
+@pytest.mark.needs('HAS_DYNAMO_EXPORTER')
 @pytest.mark.parametrize('window,mask_padding', [(7, False), ((7, 12), True)],
                          ids=['w7', 'w7x12-mask_padding'])
 def test_dynamo_exporter_is_right_at_every_size(tmp_path, window, mask_padding):
@@ -70,7 +71,8 @@ def test_valid_sizes_cannot_be_exported_and_say_so(tmp_path):
 
     with pytest.raises(Exception, match='valid_sizes cannot be traced or exported'):
         torch.onnx.export(WithValidSizes(), (torch.randn(1, 3, 32, 32), ),
-                          str(tmp_path / 'v.onnx'), dynamo=False)
+                          str(tmp_path / 'v.onnx'),
+                          **({'dynamo': False} if compat.HAS_DYNAMO_EXPORTER else {}))
 
 
 def tool(*args):
@@ -89,6 +91,7 @@ def test_whole_mask_rcnn_exports_up_to_the_rpn(tmp_path):
     assert proc.stdout.strip().splitlines()[-1].startswith('ok: max abs diff')
 
 
+@pytest.mark.needs('HAS_DYNAMO_EXPORTER')  # --fixed-size: the classic exporter traces sizes
 def test_upernet_whole_model_needs_a_fixed_size_and_says_why(tmp_path):
     config = os.path.join(ROOT, 'configs/synthetic/upernet_swin-rpe-tiny_shapes-128x128.py')
     proc = tool(config, '--out', str(tmp_path / 'seg.onnx'), '--part', 'model')

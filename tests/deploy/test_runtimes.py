@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from swin_rpe_plugin.deploy import RUNTIMES, ExportPart, export_onnx, get_runtime, verify
+from swin_rpe_plugin.deploy import (DEFAULT_EXPORTER, RUNTIMES, ExportPart, export_onnx,
+                                    get_runtime, verify)
 from swin_rpe_plugin.deploy import openvino as ovd
 from test_onnx_export import EXPORT_SIZE, tiny_backbone
 
@@ -92,7 +93,7 @@ def test_int8_quantizes_and_stays_close(tiny_export):
 def test_a_fixed_size_file_at_another_size_is_a_one_line_error(tmp_path):
     part = ExportPart(tiny_backbone(7, False, stages=2), 'backbone').eval()
     path = str(tmp_path / 'fixed.onnx')
-    export_onnx(part, torch.randn(1, 3, 32, 48), path, 'dynamo', dynamic_hw=False)
+    export_onnx(part, torch.randn(1, 3, 32, 48), path, DEFAULT_EXPORTER, dynamic_hw=False)
     run = get_runtime('openvino').load(path)
     assert len(run(np.zeros((2, 3, 32, 48), np.float32))) == 2  # the batch stays dynamic
     with pytest.raises(ValueError, match=r'^OpenVINO cannot run input \[1, 3, 40, 48\]: ') as err:
