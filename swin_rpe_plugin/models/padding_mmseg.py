@@ -34,8 +34,8 @@ class PaddingAwareDecodeHeadMixin:
 
     def predict_by_feat(self, seg_logits: Tensor, batch_img_metas: List[dict]) -> Tensor:
         state = padding_state(self)
-        if state is None or not state.active or seg_logits.shape[0] != len(state.sizes) or \
-                isinstance(batch_img_metas[0].get('img_shape'), torch.Size):  # slide crops
+        # (slide inference's crops never get here active: the backbone refused their sizes)
+        if state is None or not state.active or seg_logits.shape[0] != len(state.sizes):
             return super().predict_by_feat(seg_logits, batch_img_metas)
         hw = tuple(seg_logits.shape[-2:])
         s = feature_stride(hw, state.input_hw)
