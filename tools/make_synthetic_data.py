@@ -1,9 +1,11 @@
 """Write the synthetic COCO-format instance set and ADE20K-format semantic set.
 
     .venv/bin/python tools/make_synthetic_data.py [OUT_DIR] [--num-train N] [--num-val N]
-        [--seed S] [--size H W]
+        [--seed S] [--size H W | --size-range MIN MAX]
 
 OUT_DIR (default data/synthetic) gets coco/ and ade/; the same seed writes the same files.
+--size-range draws each image's height and width from MIN..MAX (varied sizes and aspect ratios,
+so that batched test images are padded: tools/test.py --batch-size N).
 """
 import sys
 
@@ -18,9 +20,17 @@ def main(argv=None) -> int:
     parser.add_argument('--num-val', type=int, default=50)
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--size', type=int, nargs=2, default=(128, 128), metavar=('H', 'W'))
+    parser.add_argument('--size-range', type=int, nargs=2, metavar=('MIN', 'MAX'),
+                        help='draw each image\'s height and width from MIN..MAX instead of '
+                        '--size')
     args = parser.parse_args(argv)
-    roots = make_synthetic_data(args.out_dir, args.num_train, args.num_val, args.seed,
-                                tuple(args.size))
+    try:
+        roots = make_synthetic_data(args.out_dir, args.num_train, args.num_val, args.seed,
+                                    tuple(args.size), size_range=args.size_range and
+                                    tuple(args.size_range))
+    except ValueError as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
     print(f'COCO-format set: {roots["coco"]}\nADE20K-format set: {roots["ade"]}')
     return 0
 

@@ -5,6 +5,10 @@ on every machine and a single image can be regenerated alone. Shapes are filled 
 handful of classes on a flat, noisy background; they never overlap, so each instance polygon is
 its exact visible outline.
 
+Sizes: every image is ``size`` (H, W), or, with ``size_range=(lo, hi)``, its own H and W drawn
+uniformly from lo..hi (from the image's generator, so still reproducible): varied sizes and
+aspect ratios, so that batching pads (``tools/test.py --batch-size N``).
+
 COCO layout (``<root>/coco``): ``{train,val}/*.jpg`` and ``annotations/instances_{train,val}.json``
 with polygons, [x, y, w, h] boxes, polygon areas (pycocotools) and ``iscrowd=0``.
 
@@ -15,7 +19,7 @@ ADE20K layout (``<root>/ade``): ``images/{training,validation}/*.jpg`` and
 """
 import json
 import os
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -93,6 +97,24 @@ def _rng(seed: int, split: str, index: int) -> np.random.Generator:
     return np.random.default_rng([seed, SPLITS[split], index])
 
 
+def image_size(rng: np.random.Generator, size: Tuple[int, int],
+               size_range: Optional[Tuple[int, int]]) -> Tuple[int, int]:
+    """``size``, or (H, W) drawn from ``size_range`` (inclusive) with the image's generator."""
+    if size_range is None:
+        return tuple(size)
+    lo, hi = size_range
+    return int(rng.integers(lo, hi + 1)), int(rng.integers(lo, hi + 1))
+
+
+def check_sizes(size: Tuple[int, int], size_range: Optional[Tuple[int, int]]) -> None:
+    if len(size) != 2 or min(size) < 16:
+        raise ValueError(f'size must be (H, W) with both >= 16, got {tuple(size)}')
+    if size_range is not None and (len(size_range) != 2 or not
+                                   16 <= size_range[0] <= size_range[1]):
+        raise ValueError(f'size_range must be (min, max) with 16 <= min <= max, got '
+                         f'{tuple(size_range)}')
+
+
 def _polygon_area(poly: np.ndarray, size: Tuple[int, int]) -> float:
     from pycocotools import mask as mask_utils
     rle = mask_utils.frPyObjects([poly.reshape(-1).tolist()], *size)
@@ -100,7 +122,8 @@ def _polygon_area(poly: np.ndarray, size: Tuple[int, int]) -> float:
 
 
 def write_coco(root: str, num_images: Dict[str, int], seed: int = 0,
-               size: Tuple[int, int] = (128, 128), progress: bool = True) -> Dict[str, str]:
+               size: Tuple[int, int] = (128, 128), progress: bool = True,
+               size_range: Optional[Tuple[int, int]] = None) -> Dict[str, str]:
     """Write the COCO-format instance set under ``root``; return {split: annotation file}."""
     os.makedirs(os.path.join(root, 'annotations'), exist_ok=True)
     categories = [dict(id=i + 1, name=name, supercategory='shape')
@@ -110,10 +133,12 @@ def write_coco(root: str, num_images: Dict[str, int], seed: int = 0,
         os.makedirs(os.path.join(root, split), exist_ok=True)
         images, annotations = [], []
         for index in tqdm(range(count), desc=f'coco {split}', disable=not progress):
-            img, shapes = draw_sample(_rng(seed, split, index), size)
+            rng = _rng(seed, split, index)
+            hw = image_size(rng, size, size_range)
+            img, shapes = draw_sample(rng, hw)
             name = f'{index:06d}.jpg'
             cv2.imwrite(os.path.join(root, split, name), img, [cv2.IMWRITE_JPEG_QUALITY, 95])
-            images.append(dict(id=index, file_name=name, height=size[0], width=size[1]))
+            images.append(dict(id=index, file_name=name, height=hw[0], width=hw[1]))
             for label, poly in shapes:
                 x0, y0 = poly.min(0)
                 x1, y1 = poly.max(0)
@@ -121,7 +146,7 @@ def write_coco(root: str, num_images: Dict[str, int], seed: int = 0,
                     id=len(annotations) + 1, image_id=index, category_id=label + 1,
                     segmentation=[np.round(poly, 2).reshape(-1).tolist()],
                     bbox=[round(float(v), 2) for v in (x0, y0, x1 - x0, y1 - y0)],
-                    area=_polygon_area(poly, size), iscrowd=0))
+                    area=_polygon_area(poly, hw), iscrowd=0))
         files[split] = os.path.join(root, 'annotations', f'instances_{split}.json')
         with open(files[split], 'w') as f:
             json.dump(dict(images=images, annotations=annotations, categories=categories), f)
@@ -140,7 +165,8 @@ def label_map(shapes: Sequence[Tuple[int, np.ndarray]], size: Tuple[int, int]) -
 
 
 def write_ade(root: str, num_images: Dict[str, int], seed: int = 0,
-              size: Tuple[int, int] = (128, 128), progress: bool = True) -> None:
+              size: Tuple[int, int] = (128, 128), progress: bool = True,
+              size_range: Optional[Tuple[int, int]] = None) -> None:
     """Write the ADE20K-format semantic set under ``root``."""
     for split, count in num_images.items():
         img_dir = os.path.join(root, 'images', ADE_SPLITS[split])
@@ -151,20 +177,27 @@ def write_ade(root: str, num_images: Dict[str, int], seed: int = 0,
             # Another stream than the COCO set (seed + 1): the two sets are independent. Shapes
             # are colour-coded by class: learning shape identity per pixel from scratch takes
             # longer than the demo's CPU minutes (the COCO set keeps random colours).
-            img, shapes = draw_sample(_rng(seed + 1, split, index), size, max_shapes=6,
-                                      class_colors=True, radius=(0.1, 0.28))
+            rng = _rng(seed + 1, split, index)
+            hw = image_size(rng, size, size_range)
+            img, shapes = draw_sample(rng, hw, max_shapes=6, class_colors=True,
+                                      radius=(0.1, 0.28))
             cv2.imwrite(os.path.join(img_dir, f'{index:06d}.jpg'), img,
                         [cv2.IMWRITE_JPEG_QUALITY, 95])
-            cv2.imwrite(os.path.join(ann_dir, f'{index:06d}.png'), label_map(shapes, size))
+            cv2.imwrite(os.path.join(ann_dir, f'{index:06d}.png'), label_map(shapes, hw))
 
 
 def make_synthetic_data(out_dir: str, num_train: int = 200, num_val: int = 50, seed: int = 0,
-                        size: Tuple[int, int] = (128, 128), progress: bool = True) -> dict:
-    """Write both sets under ``out_dir`` (``coco/`` and ``ade/``); return their roots."""
+                        size: Tuple[int, int] = (128, 128), progress: bool = True,
+                        size_range: Optional[Tuple[int, int]] = None) -> dict:
+    """Write both sets under ``out_dir`` (``coco/`` and ``ade/``); return their roots.
+
+    ``size_range=(lo, hi)``: each image's H and W drawn from lo..hi instead of ``size``.
+    """
     if num_train < 1 or num_val < 1:
         raise ValueError(f'num_train and num_val must be >= 1, got {num_train}, {num_val}')
+    check_sizes(size, size_range)
     counts = {'train': num_train, 'val': num_val}
     coco, ade = os.path.join(out_dir, 'coco'), os.path.join(out_dir, 'ade')
-    write_coco(coco, counts, seed, size, progress)
-    write_ade(ade, counts, seed, size, progress)
+    write_coco(coco, counts, seed, size, progress, size_range)
+    write_ade(ade, counts, seed, size, progress, size_range)
     return dict(coco=coco, ade=ade)
