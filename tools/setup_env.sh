@@ -39,7 +39,7 @@ case $profile in
     python=${PYTHON:-$(pyenv_python 3.8)}
     torch_version=$(sed -n 's/^torch==//p' requirements/compat.txt)
     requirements=(-r requirements/compat.txt)
-    check='import mmcv.ops; mmcv.ops.nms; import mmdet, mmseg, swin_rpe_plugin, onnxruntime, openvino'
+    check='import mmcv.ops; mmcv.ops.nms; import mmdet, mmseg, swin_rpe_plugin, onnxruntime, openvino, nncf'
     build_mmcv=1 ;;
   newest)
     venv=$root/.venv-newest
