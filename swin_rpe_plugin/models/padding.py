@@ -93,16 +93,18 @@ def resize_regions(x: Tensor, valid: Sequence[Size], out_valid: Sequence[Size],
     return out
 
 
-def replicate_edges(x: Tensor, valid: Sequence[Size]) -> Tensor:
+def replicate_edges(x: Tensor, valid: Sequence[Size], in_place: bool = False) -> Tensor:
     """Copy each image's last valid row and column one step outwards (where there is room).
 
     Bilinear sampling next to an image's bottom/right edge then reads the edge value, as it
-    does when the map ends there (mmcv's RoIAlign clamps to the last row/column).
+    does when the map ends there (mmcv's RoIAlign clamps to the last row/column). A copy
+    unless ``in_place``.
     """
     hh, ww = x.shape[-2:]
     if all(h >= hh and w >= ww for h, w in valid):
         return x
-    x = x.clone()
+    if not in_place:
+        x = x.clone()
     for b, (h, w) in enumerate(valid):
         if h < hh:
             x[b, :, h, :w] = x[b, :, h - 1, :w]
@@ -140,6 +142,7 @@ class PaddingState:
         self.input_hw: Optional[Size] = None
         self._masks: Dict[tuple, Optional[Tensor]] = {}
         self._edges: Dict[int, Tuple[Tensor, Tensor]] = {}
+        self._clean: Dict[int, Tensor] = {}  # maps known to be zero beyond every image
 
     @property
     def active(self) -> bool:
@@ -149,6 +152,7 @@ class PaddingState:
         self.sizes, self.input_hw = None, None
         self._masks.clear()
         self._edges.clear()
+        self._clean.clear()
 
     def valid(self, map_hw: Sequence[int]) -> Tuple[Size, ...]:
         return valid_sizes_at(self.sizes, map_hw, self.input_hw)
@@ -165,16 +169,38 @@ class PaddingState:
         return self._masks[key]
 
     def masked(self, x: Tensor) -> Tensor:
+        """``x`` zeroed beyond every image (``x`` itself when it is known to be already)."""
+        if self.is_clean(x):
+            return x
         m = self.mask(x)
-        return x if m is None else x * m
+        x = x if m is None else x * m
+        self.mark_clean(x)
+        return x
+
+    def mark_clean(self, x: Tensor) -> None:
+        if self.active:
+            self._clean[id(x)] = x
+
+    def is_clean(self, x: Tensor) -> bool:
+        return self._clean.get(id(x)) is x
 
     def edges_replicated(self, x: Tensor) -> Tensor:
-        """:func:`replicate_edges` of a batch map, cached for the call (cascade stages)."""
+        """:func:`replicate_edges` of a batch map, cached for the call (cascade stages).
+
+        Without autograd the map is changed in place (only the rows and columns beyond the
+        images change, and only RoI extractors read them after the dense heads).
+        """
         if not self.active or x.dim() != 4 or x.shape[0] != len(self.sizes):
             return x
         hit = self._edges.get(id(x))
         if hit is None or hit[0] is not x:
-            hit = (x, replicate_edges(x, self.valid(x.shape[-2:])))
+            valid = self.valid(x.shape[-2:])
+            if torch.is_grad_enabled() and x.requires_grad:
+                out = replicate_edges(x, valid)
+            else:
+                out = replicate_edges(x, valid, in_place=True)
+                self._clean.pop(id(x), None)
+            hit = (x, out)
             self._edges[id(x)] = hit
         return hit[1]
 
@@ -188,7 +214,8 @@ def padding_state(module: nn.Module) -> Optional[PaddingState]:
 
 def _masked_input_hook(state: PaddingState):
     def hook(module, args):
-        if not state.active or not args or not isinstance(args[0], Tensor):
+        if not state.active or not args or not isinstance(args[0], Tensor) or \
+                state.is_clean(args[0]):
             return None
         m = state.mask(args[0])
         if m is None:
@@ -288,9 +315,15 @@ def enable_padding_aware(model: nn.Module) -> nn.Module:
         state.input_hw = (int(x.shape[2]), int(x.shape[3]))
         return args, {**kwargs, 'valid_sizes': sizes}
 
+    def backbone_post_hook(module, args, kwargs, output):
+        if state.active and isinstance(output, (list, tuple)):
+            for out in output:  # zero beyond every image already
+                state.mark_clean(out)
+
     inner.register_forward_pre_hook(model_pre_hook, with_kwargs=True)
     inner.register_forward_hook(model_post_hook, always_call=True)
     backbone.register_forward_pre_hook(backbone_pre_hook, with_kwargs=True)
+    backbone.register_forward_hook(backbone_post_hook, with_kwargs=True)
     parts = _toolkit_parts(inner, state)
     setattr(inner, _ATTR, True)
     setattr(inner, STATE_ATTR, state)

@@ -62,3 +62,5 @@ def test_replicate_edges_copies_the_last_row_and_column_outwards():
     assert y[0, 0, 2, 3] == x[0, 0, 1, 2]
     assert torch.equal(y[0, 0, 3], x[0, 0, 3]) and torch.equal(y[0, 0, :, 4], x[0, 0, :, 4])
     assert replicate_edges(x, [(4, 5), (4, 5)]) is x
+    z = replicate_edges(x, [(2, 3), (4, 5)], in_place=True)  # without autograd: no copy
+    assert z is x and torch.equal(x, y)
