@@ -23,6 +23,8 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
 PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# pytest-xdist 3.6.1 (the last for Python 3.8) has no --no-loadscope-reorder
+PYTEST_COMPAT := -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test: setup
 	$(PY) $(PYTEST) tests $(PYTEST_ARGS)
@@ -31,7 +33,7 @@ test: setup
 # serves the pinned environment) and the tests of features torch 2.1 lacks (deselected and
 # counted by tests/conftest.py).
 test-compat: setup-compat
-	.venv-compat/bin/python $(PYTEST) tests --ignore=tests/benchmarks -m 'not harness' $(PYTEST_ARGS)
+	.venv-compat/bin/python $(PYTEST_COMPAT) tests --ignore=tests/benchmarks -m 'not harness' $(PYTEST_ARGS)
 
 # The core on the newest torch: the files that need neither mmdet nor mmseg (mmcv-lite has no
 # ops), less the one test there that trains through mmseg.

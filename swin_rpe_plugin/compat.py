@@ -23,7 +23,7 @@ __all__ = ['TORCH_FLOOR', 'TORCH_VERSION', 'check_torch', 'HAS_CUSTOM_OP', 'cust
            'autocast_enabled', 'autocast_dtype', 'autocast_context', 'native_products',
            'onednn_linear_op', 'softmax_backward_data', 'WeakIdKeyDictionary',
            'cpu_capability', 'HAS_DYNAMO_EXPORTER', 'HAS_SAFE_GLOBALS',
-           'register_load_state_dict_pre_hook', 'SDPA_TAKES_FLOAT_MASK', 'default_device',
+           'TRACED_SDPA_EXPORTS', 'register_load_state_dict_pre_hook', 'SDPA_TAKES_FLOAT_MASK', 'default_device',
            'CPU_FLASH_TAKES_MASK',
            'gelu_backward_', 'weights_only_globals']
 
@@ -135,6 +135,10 @@ def gradient_edge(t: Tensor) -> Any:
     return t if getter is None else getter(t)
 # torch.onnx.export(dynamo=True) and torch.export.Dim: 2.5 (the path deploy/onnx.py takes).
 HAS_DYNAMO_EXPORTER = TORCH_VERSION >= (2, 5) and hasattr(torch, 'export')
+# torch 2.1's TorchScript ONNX exporter fails on SDPA's `scale` (its symbolic passes the float
+# where a tensor attribute goes); later ones export it. Where it fails, traced attention takes
+# the explicit products, which is what ONNX runs anyway (MatMul, Softmax).
+TRACED_SDPA_EXPORTS = TORCH_VERSION > (2, 1)
 # torch.serialization.add_safe_globals: 2.4 (weights_only allow-lists).
 HAS_SAFE_GLOBALS = hasattr(torch.serialization, 'add_safe_globals')
 

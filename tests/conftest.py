@@ -32,6 +32,16 @@ def pytest_configure(config):
         os.environ['OMP_NUM_THREADS'] = str(threads)
 
 
+def _known_failures() -> dict:
+    path = os.path.join(ROOT, 'tests', 'compat_known_failures.txt')
+    with open(path) as f:
+        rows = [line.split(' | ', 1) for line in f if line.strip() and not line.startswith('#')]
+    return {node.strip(): why.strip() for node, why in rows}
+
+
+KNOWN_FAILURES_TORCH_2_1 = _known_failures()
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests of a feature this torch lacks (``@pytest.mark.needs('HAS_CUSTOM_OP')``, names as
     in ``swin_rpe_plugin.compat``) are deselected, and counted as such: on torch 2.1 there is
@@ -39,6 +49,11 @@ def pytest_collection_modifyitems(config, items):
     their order: `make test` hands whole files to its workers in this order
     (``--no-loadscope-reorder``), so the run ends on short files instead of one worker
     finishing a heavy file alone while the other idles."""
+    if compat.TORCH_VERSION <= (2, 1):  # the oldest environment's known failures
+        for item in items:
+            if item.nodeid in KNOWN_FAILURES_TORCH_2_1:
+                item.add_marker(pytest.mark.xfail(
+                    strict=True, reason=KNOWN_FAILURES_TORCH_2_1[item.nodeid]))
     lacking = [item for item in items if any(not getattr(compat, m.args[0])
                                              for m in item.iter_markers('needs'))]
     if lacking:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..compat import SDPA_TAKES_FLOAT_MASK, custom_op, is_exporting
+from ..compat import SDPA_TAKES_FLOAT_MASK, TRACED_SDPA_EXPORTS, custom_op, is_exporting
 from .dispatch import (autocast_context, choose_kernel, compute_dtype, is_tracing,
                        use_cpu_fast_paths)
 from .window_products import (attention_backward_op, attention_qkv_backward_op,
@@ -97,7 +97,7 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
     # torch.export takes the explicit path: it is what ONNX runs anyway (MatMul, Softmax), and
     # its SDPA decomposition (torch 2.13) gives outputs whose strides do not match their
     # symbolic sizes, so a later reshape fails to decompose.
-    if not fused or is_exporting():
+    if not fused or is_exporting() or (torch.jit.is_tracing() and not TRACED_SDPA_EXPORTS):
         return _explicit(q, k, v, bias, mask, scale, dropout_p, nw)
     if not use_cpu_fast_paths(q):
         return _generic(q, k, v, bias, mask, scale, dropout_p, nw)

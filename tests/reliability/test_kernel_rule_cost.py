@@ -4,9 +4,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.harness  # tools/kernel_rule_cost.py measures for the rules (pinned env)
 def test_kernel_rule_cost_lists_every_linear_of_the_backbone(tmp_path):
     out = tmp_path / 'cost.json'
     proc = subprocess.run([sys.executable, 'tools/kernel_rule_cost.py', '--shape', '32', '32',
