@@ -36,7 +36,7 @@ test-compat: setup-compat
 	.venv-compat/bin/python $(PYTEST_COMPAT) tests --ignore=tests/benchmarks -m 'not harness' $(PYTEST_ARGS)
 
 # The core on the newest torch: the files that need neither mmdet nor mmseg (mmcv-lite has no
-# ops), less the one test there that trains through mmseg.
+# ops), less the three tests there that build a detector or segmentor.
 NEWEST_TESTS := tests/test_compat.py tests/ops tests/models/test_compile.py \
 	tests/models/test_swin_v2.py tests/models/test_valid_sizes.py tests/checkpoint/test_resize.py \
 	tests/deploy/test_onnx_export.py tests/reliability/test_bad_input.py \
@@ -44,6 +44,8 @@ NEWEST_TESTS := tests/test_compat.py tests/ops tests/models/test_compile.py \
 test-newest: setup-newest
 	.venv-newest/bin/python $(PYTEST) $(NEWEST_TESTS) -m 'not harness' \
 	  --deselect tests/ops/test_compiled_fast_paths.py::test_mmengine_compile_trains_a_synthetic_segmentor \
+	  --deselect tests/deploy/test_onnx_export.py::test_whole_mask_rcnn_exports_up_to_the_rpn \
+	  --deselect tests/deploy/test_onnx_export.py::test_upernet_whole_model_needs_a_fixed_size_and_says_why \
 	  $(PYTEST_ARGS)
 
 # e.g. make demo ARGS=--no-benchmark, make demo ARGS="--arch v2" (the demo with SwinV2)
