@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import ROOT, short
+from swin_rpe_plugin import compat
 from swin_rpe_plugin.datasets import make_synthetic_data
 from swin_rpe_plugin.engine import UsageError, load_config
 from swin_rpe_plugin.engine.demo import options_argv, read_scalars, synthetic_options
@@ -73,7 +74,7 @@ def test_autocast_wrapper_runs_the_forward_in_bf16_and_keeps_fp32_weights():
     assert out.dtype == torch.bfloat16
     wrapper.update_params(out.float().square().mean())
     assert model.weight.dtype == torch.float32 and model.weight.grad is None  # zeroed
-    assert not torch.is_autocast_enabled('cpu')
+    assert not compat.autocast_enabled('cpu')
 
 
 def test_autocast_modules_limit_autocast_to_those_submodules():
