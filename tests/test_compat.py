@@ -215,7 +215,7 @@ def test_safe_load_without_an_allow_list_resolves_the_same_globals_and_no_others
     from mmengine.logging import HistoryBuffer
 
     from swin_rpe_plugin.checkpoint import compat as checkpoint_compat
-    monkeypatch.setattr(checkpoint_compat, 'allow_mmengine_checkpoints', lambda: False)
+    monkeypatch.setattr(checkpoint_compat, '_register_safe_globals', lambda: False)
     buffer = HistoryBuffer()
     buffer.update(3.0)
     saved = {'state_dict': {'w': torch.randn(3, 2), 'b': torch.ones(2).bfloat16()},

@@ -4,14 +4,17 @@ Serves torch >= 2.6 (``torch.load`` defaults to ``weights_only=True``; here torc
 mmengine 0.10.x, whose Runner saves ``meta`` and ``message_hub`` holding numpy arrays/scalars and
 ``mmengine.logging.HistoryBuffer`` objects. Without an allow-list, torch refuses those
 checkpoints, which breaks ``load_from`` and ``--resume``. It can go once mmengine saves plain
-data (or registers its own safe globals). Below torch 2.4 (no ``safe_globals``) nothing is
-registered: those versions unpickle anything, and we pass ``weights_only=True`` ourselves.
+data (or registers its own safe globals). Below torch 2.6 ``torch.load`` unpickles anything by
+default, so mmengine's local-file loader is replaced by :func:`load_local_checkpoint` (the same
+safe read on every torch); below torch 2.4 (no ``safe_globals``) a restricted unpickler resolves
+the same allow-list.
 
 The allow-list holds data classes only, never a general callable: ``builtins.getattr`` (which
 HistoryBuffer pickles use to name its statistics methods, e.g. ``getattr(HistoryBuffer, 'min')``)
 is replaced by :func:`history_buffer_getattr`, which resolves nothing else.
 """
 import _compat_pickle
+import os
 import pickle
 from typing import Any, Dict, List, Tuple
 
@@ -52,17 +55,49 @@ def mmengine_safe_globals() -> List[Any]:
     return _numpy_globals() + [HistoryBuffer, (history_buffer_getattr, 'builtins.getattr')]
 
 
-def allow_mmengine_checkpoints() -> bool:
-    """Let ``torch.load(weights_only=True)`` read mmengine's own checkpoints, process-wide.
-
-    After this call, mmengine's ``load_checkpoint``, ``load_from`` and ``resume`` read Runner
-    checkpoints under torch's safe unpickler; a pickle carrying code is still refused.
-    Returns False when this torch has no allow-list (< 2.4).
-    """
+def _register_safe_globals() -> bool:
+    """Add the allow-list to torch's process-wide one; False where torch has none (< 2.4)."""
     if not HAS_SAFE_GLOBALS:
         return False
     torch.serialization.add_safe_globals(mmengine_safe_globals())
     return True
+
+
+def allow_mmengine_checkpoints() -> bool:
+    """Let mmengine read its own Runner checkpoints safely, process-wide, on every torch.
+
+    After this call, mmengine's ``load_checkpoint``, ``load_from`` and ``resume`` read local
+    files through :func:`load_local_checkpoint`: Runner checkpoints load, a pickle carrying code
+    is refused. Returns True (kept for callers that checked it).
+    """
+    _register_safe_globals()
+    from mmengine.runner.checkpoint import CheckpointLoader
+    CheckpointLoader.register_scheme(prefixes='', loader=load_local_checkpoint, force=True)
+    return True
+
+
+def load_local_checkpoint(filename: str, map_location: Any = None) -> Any:
+    """mmengine's local-file checkpoint loader, reading through :func:`safe_torch_load`.
+
+    mmengine's own calls ``torch.load`` without ``weights_only``, which unpickles code below
+    torch 2.6. torch's opt-out, ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, is honoured here too.
+    """
+    filename = os.path.expanduser(filename)
+    if not os.path.isfile(filename):
+        raise FileNotFoundError(f'{filename} can not be found.')
+    if os.environ.get('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '0').lower() in ('1', 'y', 'yes', 'true'):
+        return torch.load(filename, map_location=map_location, weights_only=False)
+    try:
+        return safe_torch_load(filename, map_location)
+    except pickle.UnpicklingError as err:
+        reason = next((line.strip() for line in str(err).splitlines()
+                       if 'unsupported global' in line.lower()), None)
+        if reason is None:
+            raise
+        raise pickle.UnpicklingError(
+            f'refused to load {filename!r}: its pickle needs objects outside the safe allow-list '
+            f'({reason}). Only if you trust this file, set TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1'
+        ) from None
 
 
 def _qualified_name(entry: Any) -> Tuple[str, Any]:
@@ -98,19 +133,19 @@ class _RestrictedPickle:
         return _RestrictedUnpickler(file, **kwargs).load()
 
 
-def safe_torch_load(path: str) -> Any:
-    """``torch.load(weights_only=True)`` on CPU with the mmengine allow-list registered.
+def safe_torch_load(path: str, map_location: Any = 'cpu') -> Any:
+    """``torch.load(weights_only=True)`` with the mmengine allow-list registered.
 
     Registered process-wide (idempotent), not through the ``safe_globals`` context manager,
     whose exit would remove the entries that ``allow_mmengine_checkpoints()`` had added before.
     Below torch 2.4 (no allow-list to register) the same globals, and no others, are resolved
     by a restricted unpickler instead.
     """
-    if allow_mmengine_checkpoints():
-        return torch.load(path, map_location='cpu', weights_only=True)
+    if _register_safe_globals():
+        return torch.load(path, map_location=map_location, weights_only=True)
     if not _RestrictedUnpickler.allowed:
         import _codecs  # bytes in protocol-2 pickles (numpy scalars); newer torches allow it
         _RestrictedUnpickler.allowed = {**weights_only_globals(), '_codecs.encode': _codecs.encode,
                                         'builtins.bytes': bytes,
                                         **dict(map(_qualified_name, mmengine_safe_globals()))}
-    return torch.load(path, map_location='cpu', pickle_module=_RestrictedPickle)
+    return torch.load(path, map_location=map_location, pickle_module=_RestrictedPickle)

@@ -28,6 +28,7 @@ def runner_checkpoint(tmp_path_factory):
     return path, {k: v.clone() for k, v in trained.model.state_dict().items()}
 
 
+@pytest.mark.needs('HAS_SAFE_GLOBALS')  # torch's own allow-list, and refusal, came in 2.4
 def test_runner_checkpoint_holds_objects_torch_refuses_by_default(runner_checkpoint):
     path, _ = runner_checkpoint
     registered = torch.serialization.get_safe_globals()  # importing the package adds ours
@@ -84,10 +85,24 @@ def test_code_payload_is_refused_and_never_runs(tmp_path, via):
     if via == 'ours':
         with pytest.raises(UnsafeCheckpointError, match='allow_pickle=True'):
             load_pretrained(SwinTransformer(**TINY), path)
-    else:
-        with pytest.raises(Exception, match='io.open|Unsupported global'):
+    else:  # mmengine's own loader, replaced on import by ours on every torch
+        with pytest.raises(Exception, match='io.open|Unsupported global') as err:
             load_checkpoint(SwinTransformer(**TINY), path, map_location='cpu')
+        assert '\n' not in str(err.value) and 'TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1' in str(err.value)
     assert not target.exists()
+
+
+def test_mmengine_loader_honours_torchs_opt_out(tmp_path, monkeypatch):
+    """The opt-in for a trusted pickle through mmengine is torch's own variable: with it set,
+    the payload runs (here: writes a file), as plain torch.load would."""
+    target = tmp_path / 'written_by_unpickling'
+    payload = WritesAFile()
+    payload.path = str(target)
+    path = str(tmp_path / 'trusted.pth')
+    torch.save({'state_dict': SwinTransformer(**TINY).state_dict(), 'extra': payload}, path)
+    monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
+    ckpt = load_checkpoint(SwinTransformer(**TINY), path, map_location='cpu')
+    assert target.exists() and 'extra' in ckpt
 
 
 def test_restricted_getattr_resolves_only_history_buffer_statistics():
