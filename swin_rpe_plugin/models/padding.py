@@ -115,6 +115,21 @@ def replicate_edges(x: Tensor, valid: Sequence[Size], in_place: bool = False) ->
     return x
 
 
+def zero_beyond_(x: Tensor, valid: Sequence[Size]) -> Tensor:
+    """Zero ``x`` [B, C, H, W] beyond each image's top-left (h, w) region, in place.
+
+    Writes the padded rows and columns only (nothing when an image fills the map), so it costs
+    what the padding holds, not what the map does. Returns ``x``.
+    """
+    hh, ww = x.shape[-2:]
+    for b, (h, w) in enumerate(valid):
+        if h < hh:
+            x[b, :, h:].zero_()
+        if w < ww:
+            x[b, :, :h, w:].zero_()
+    return x
+
+
 def valid_sizes_from_samples(data_samples: Optional[Sequence]) -> Optional[List[Size]]:
     """(h, w) of each image before batch padding, from the samples' ``img_shape``."""
     if not data_samples:
@@ -134,12 +149,18 @@ class PaddingState:
     """The sizes of the batch in flight: set by the model's and backbone's pre-hooks.
 
     ``input_hw`` is set only when the backbone took the sizes (the input fits them); the neck
-    and heads act only then. Masks are cached per map size for the call.
+    and heads act only then. Regions and masks are cached per map size for the call.
+
+    Without autograd (inference) a map is zeroed beyond the images in place, padded rows and
+    columns only (:func:`zero_beyond_`): no new tensor, and the cost of the padding, not of the
+    map. With autograd on, a copy is multiplied by the [B, 1, H, W] mask, so no tensor autograd
+    kept is changed. Both give the same values: the map inside, zeros beyond.
     """
 
     def __init__(self) -> None:
         self.sizes: Optional[List[Size]] = None
         self.input_hw: Optional[Size] = None
+        self._valid: Dict[tuple, Tuple[Size, ...]] = {}
         self._masks: Dict[tuple, Optional[Tensor]] = {}
         self._edges: Dict[int, Tuple[Tensor, Tensor]] = {}
         self._clean: Dict[int, Tensor] = {}  # maps known to be zero beyond every image
@@ -150,30 +171,52 @@ class PaddingState:
 
     def reset(self) -> None:
         self.sizes, self.input_hw = None, None
+        self._valid.clear()
         self._masks.clear()
         self._edges.clear()
         self._clean.clear()
 
     def valid(self, map_hw: Sequence[int]) -> Tuple[Size, ...]:
-        return valid_sizes_at(self.sizes, map_hw, self.input_hw)
+        key = (int(map_hw[0]), int(map_hw[1]))
+        if key not in self._valid:
+            self._valid[key] = valid_sizes_at(self.sizes, key, self.input_hw)
+        return self._valid[key]
+
+    def padded(self, x: Tensor) -> Optional[Tuple[Size, ...]]:
+        """Each image's region on a map like ``x``; None when no image is padded on it (or
+        ``x`` is not a batch map of the call)."""
+        if not self.active or x.dim() != 4 or x.shape[0] != len(self.sizes):
+            return None
+        hw = tuple(x.shape[-2:])
+        valid = self.valid(hw)
+        return None if all(v == hw for v in valid) else valid
 
     def mask(self, x: Tensor) -> Optional[Tensor]:
         """[B, 1, H, W] mask for a map like ``x``, or None when no image is padded on it."""
-        if not self.active or x.dim() != 4 or x.shape[0] != len(self.sizes):
+        valid = self.padded(x)
+        if valid is None:
             return None
         key = (tuple(x.shape[-2:]), x.dtype, x.device)
         if key not in self._masks:
-            valid = self.valid(x.shape[-2:])
-            full = all(v == tuple(x.shape[-2:]) for v in valid)
-            self._masks[key] = None if full else region_mask(valid, x.shape[-2:], x)
+            self._masks[key] = region_mask(valid, x.shape[-2:], x)
         return self._masks[key]
+
+    def zero_padding(self, x: Tensor) -> Tensor:
+        """``x`` with zeros beyond every image: ``x`` itself, changed in place, when autograd
+        is off (and ``x`` is dense); else a masked copy (or ``x`` when nothing is padded)."""
+        valid = self.padded(x)
+        if valid is None:
+            return x
+        if not torch.is_grad_enabled() and (
+                x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)):
+            return zero_beyond_(x, valid)
+        return x * self.mask(x)
 
     def masked(self, x: Tensor) -> Tensor:
         """``x`` zeroed beyond every image (``x`` itself when it is known to be already)."""
         if self.is_clean(x):
             return x
-        m = self.mask(x)
-        x = x if m is None else x * m
+        x = self.zero_padding(x)
         self.mark_clean(x)
         return x
 
@@ -217,10 +260,10 @@ def _masked_input_hook(state: PaddingState):
         if not state.active or not args or not isinstance(args[0], Tensor) or \
                 state.is_clean(args[0]):
             return None
-        m = state.mask(args[0])
-        if m is None:
-            return None
-        return (args[0] * m,) + tuple(args[1:])
+        x = state.zero_padding(args[0])
+        # In place (no autograd): the caller's map itself is zero beyond the images now. Only
+        # padded positions change, which the neck and heads mask or cut before they count.
+        return None if x is args[0] else (x,) + tuple(args[1:])
     return hook
 
 

@@ -3,8 +3,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from swin_rpe_plugin.models.padding import (feature_stride, region_mask, replicate_edges,
-                                            resize_regions, valid_sizes_at)
+from swin_rpe_plugin.models.padding import (PaddingState, feature_stride, mask_conv_inputs,
+                                            region_mask, replicate_edges, resize_regions,
+                                            valid_sizes_at, zero_beyond_)
 
 
 def test_feature_stride_and_valid_sizes_follow_nested_ceilings():
@@ -64,3 +65,60 @@ def test_replicate_edges_copies_the_last_row_and_column_outwards():
     assert replicate_edges(x, [(4, 5), (4, 5)]) is x
     z = replicate_edges(x, [(2, 3), (4, 5)], in_place=True)  # without autograd: no copy
     assert z is x and torch.equal(x, y)
+
+
+def test_zero_beyond_writes_zeros_beyond_each_region_only():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 6, 7)
+    valid = [(4, 5), (6, 7)]
+    ref = x * region_mask(valid, (6, 7), x)
+    y = x.clone()
+    assert zero_beyond_(y, valid) is y
+    assert torch.equal(y, ref)
+    assert torch.equal(y[1], x[1])  # a full region is left as it is
+
+
+def _state(sizes, input_hw):
+    state = PaddingState()
+    state.sizes, state.input_hw = list(sizes), input_hw
+    return state
+
+
+def test_masked_map_is_changed_in_place_only_without_autograd():
+    torch.manual_seed(0)
+    state = _state([(13, 21), (32, 17)], (32, 32))  # stride 4 on an 8x8 map
+    x = torch.randn(2, 5, 8, 8)
+    ref = x * region_mask([(4, 6), (8, 5)], (8, 8), x)
+    # inference: the map itself, zeroed beyond the images; then known to be clean
+    y = x.clone()
+    with torch.no_grad():
+        out = state.masked(y)
+    assert out is y and torch.equal(y, ref) and state.is_clean(y)
+    # autograd on: a copy, the input untouched, the gradient masked
+    w = x.clone().requires_grad_()
+    out = state.masked(w)
+    assert out is not w and torch.equal(out, ref) and torch.equal(w.detach(), x)
+    out.sum().backward()
+    assert torch.equal(w.grad, region_mask([(4, 6), (8, 5)], (8, 8), x).expand_as(x))
+    # a map no image is padded on is not touched
+    full = _state([(32, 32), (32, 32)], (32, 32))
+    z = torch.randn(2, 5, 8, 8)
+    with torch.no_grad():
+        assert full.masked(z) is z
+
+
+def test_conv_input_hook_zeroes_the_padding_as_a_masked_copy_would():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(4, 6, 3, padding=1)
+    state = _state([(20, 28), (31, 9)], (32, 32))
+    mask_conv_inputs(conv, state)
+    x = torch.randn(2, 4, 8, 8)
+    ref = F.conv2d(x * region_mask([(5, 7), (8, 3)], (8, 8), x), conv.weight, conv.bias,
+                   padding=1)
+    with torch.no_grad():
+        assert torch.equal(conv(x.clone()), ref)
+    w = x.clone().requires_grad_()
+    out = conv(w)
+    assert torch.equal(out, ref) and torch.equal(w.detach(), x)
+    out.sum().backward()
+    assert torch.equal(w.grad[1, :, :, 3:], torch.zeros(4, 8, 5))
