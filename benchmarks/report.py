@@ -32,7 +32,9 @@ KINDS = OrderedDict([('backbone', 'Backbone: mmdet 3.3 SwinTransformer vs ours')
                      ('v2', "SwinV2: transformers' Swinv2Model vs ours"),
                      ('runtime', 'Exported backbone in a runtime (mmdet fixed-size export vs '
                       'our dynamic export; eager beside)'),
-                     ('detector', 'Whole model: stock config vs the same with our backbone')])
+                     ('detector', 'Whole model: stock config vs the same with our backbone'),
+                     ('padding-aware', 'Padding-aware option: off vs on (our Mask R-CNN, '
+                      'speedup = off / on)')])
 WORK_TITLE = 'Work outside the matrix products (exact counts)'
 CASE_FIELDS = ('kind', 'arch', 'shape', 'batch', 'mode', 'dtype', 'runtime', 'precision',
                'mask_padding', 'window')

@@ -68,6 +68,8 @@ class Comparison:
         checks: numbers the builder computed (max_abs_diff, rel_err_vs_fp32, ...), copied in.
         memory: name -> ChildStep for the steps whose peak memory is measured (None: none).
         profile: the steps to profile when profiling is asked for (default: baseline, candidate).
+        finish: called with the record and the number of timed rounds once the steps are timed,
+            to add what the builder derives from them (None: nothing).
     """
     key: Dict[str, Any]
     steps: Dict[str, Callable[[Any], Any]]
@@ -79,6 +81,7 @@ class Comparison:
     checks: Dict[str, Any] = field(default_factory=dict)
     memory: Optional[Dict[str, ChildStep]] = None
     profile: Optional[Tuple[str, ...]] = None
+    finish: Optional[Callable[[Dict[str, Any], int], None]] = None
 
 
 KEPT_MALLOC = 'glibc, freed memory kept'  # what keep_freed_memory sets, in every JSON it timed
@@ -339,6 +342,8 @@ def run_comparison(c: Comparison, repeats: int, threads: int, progress=None,
         achieved = c.gflops / ms[c.candidate] * 1e3
         record.update(ours_gflops_per_s=achieved, roofline_fraction=achieved / roof)
     record['flags'] = record_flags(record, threads)
+    if c.finish is not None:
+        c.finish(record, repeats)
     if profile:
         names = c.profile or (c.candidate, c.baseline)
         record['profile'] = {name: profile_ops(c.steps[name], c.x) for name in names}

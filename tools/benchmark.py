@@ -4,7 +4,8 @@
         [--shape 800 1216 --shape 512 512] [--batch N] [--mode infer|train ...]
         [--dtype fp32|bf16|fp16 ...] [--threads T] [--repeats R] [--quick] [--compile]
         [--no-memory] [--profile] [--runtime onnxruntime|openvino ...] [--runtime-only]
-        [--detector mask-rcnn|upernet ...] [--window M (v2)] [--work] [--default-malloc]
+        [--detector mask-rcnn|upernet ...] [--padding-aware] [--window M (v2)] [--work]
+        [--default-malloc]
         [--json bench.json]
     .venv/bin/python tools/benchmark.py --report bench.json [more.json ...]
 
@@ -22,7 +23,10 @@ off, which reuse needs; see ``benchmarks/runner.keep_freed_memory``):
   CPU runs, beside both eager models (inference);
 - --detector: the stock Mask R-CNN / UperNet Swin-T configs with our backbone swapped in, same
   weights: predict and one train step (losses + backward); bf16 runs backbone and neck under
-  autocast, as ``tools/train.py --amp``.
+  autocast, as ``tools/train.py --amp``;
+- --padding-aware: our Swin-T Mask R-CNN predicting one 800x1199 image (fp32) with the
+  padding-aware option off, with mask_padding alone and on; the record's on_off is the ratio
+  of the medians, ms_by_part each step's time by part (``benchmarks/padding_aware.py``).
 With --dtype bf16/fp16 both sides run under the same autocast; a dtype whose matmul peak is not
 1.5x fp32's (no native units) is skipped with a line saying so, unless --force-dtype.
 --work counts instead of timing (``benchmarks/work.py``): product FLOPs, bytes moved outside the
@@ -90,7 +94,12 @@ def parse_args(argv=None):
     p.add_argument('--runtime-only', action='store_true', help='only the runtime lines')
     p.add_argument('--detector', action='append', choices=DETECTORS,
                    help='repeatable: time the whole stock model with our backbone swapped in')
-    p.add_argument('--detector-only', action='store_true', help='only the whole-model lines')
+    p.add_argument('--padding-aware', action='store_true',
+                   help='time Mask R-CNN (Swin-T, random weights) at batch 1 with the '
+                   'padding-aware option on against off (docs/padding-aware.md); --shape and '
+                   '--batch change the image and the batch')
+    p.add_argument('--detector-only', action='store_true',
+                   help='only the whole-model lines (--detector, --padding-aware)')
     p.add_argument('--work', action='store_true',
                    help='only the exact work counts, no timing (benchmarks/work.py): product '
                    'FLOPs, bytes moved outside the products by kind, bytes kept for backward '
@@ -112,10 +121,13 @@ def parse_args(argv=None):
         p.error('--repeats and --threads must be >= 1')
     if args.window is not None and (args.window < 1 or args.arch not in V2_ARCHS):
         p.error('--window is for --arch v2-* and must be >= 1')
-    if args.work and (args.arch in V2_ARCHS or args.runtime or args.detector):
-        p.error('--work counts v1 backbones: drop --runtime/--detector, use a v1 --arch')
-    if args.arch in V2_ARCHS and (args.runtime or args.detector):
-        p.error(f'--runtime and --detector compare v1 backbones: drop them or use --arch tiny')
+    whole = args.runtime or args.detector or args.padding_aware
+    if args.work and (args.arch in V2_ARCHS or whole):
+        p.error('--work counts v1 backbones: drop --runtime/--detector/--padding-aware, use a '
+                'v1 --arch')
+    if args.arch in V2_ARCHS and whole:
+        p.error('--runtime, --detector and --padding-aware compare v1 backbones: drop them or '
+                'use --arch tiny')
     return args
 
 
@@ -181,6 +193,13 @@ def jobs_of(args, dtypes):
                       lambda det=det, s=s, b=b, m=m, d=d: detector_comparison(det, s, m, d, b),
                       True)
                      for d in dtypes for s, b in det_cases for m in modes]
+    if args.padding_aware and not args.runtime_only:
+        from benchmarks.padding_aware import DEFAULT_CASE, padding_aware_comparison
+        pa_cases = [(tuple(s), args.batch or 1) for s in args.shape] if args.shape \
+            else [DEFAULT_CASE]
+        jobs += [(f'padding-aware {s[0]}x{s[1]} b{b} infer fp32',
+                  lambda s=s, b=b: padding_aware_comparison(s, b), False)
+                 for s, b in pa_cases]
     return jobs
 
 
@@ -279,6 +298,10 @@ def main(argv=None, restart: bool = False) -> int:
         if args.runtime:
             records += [dict(r, **machine) for r in runtime_records(args, bar)]
     print(format_table(records))
+    for record in records:
+        if record['kind'] == 'padding-aware':
+            from benchmarks.padding_aware import format_padding_aware
+            print('\n' + format_padding_aware(record))
     for record in records:
         if 'profile' in record:
             print('\n' + format_profile(record))

@@ -75,6 +75,48 @@ def test_one_record_from_a_described_comparison(monkeypatch):
     assert 'profile' not in record and 'mem_ratio' not in record
 
 
+def test_finish_adds_what_the_builder_derives_from_the_timed_steps():
+    seen = []
+
+    def finish(record, repeats):
+        seen.append(repeats)
+        record['ratio'] = record['b_ms'] / record['a_ms']
+
+    c = runner.Comparison(key=dict(kind='test'), steps={'a': _sleep_ms(4), 'b': _sleep_ms(1)},
+                          x=None, baseline='a', candidate='b', finish=finish)
+    record = runner.run_comparison(c, repeats=2, threads=2)
+    assert seen == [2] and record['ratio'] == 1 / record['speedup']
+
+
+def test_part_times_split_a_step_into_its_parts():
+    from benchmarks.padding_aware import PARTS, PartTimes
+
+    class Head(torch.nn.Module):
+        def predict(self, x):
+            return _sleep_ms(3)(x)
+
+    class Detector(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone, self.neck = torch.nn.Identity(), torch.nn.Identity()
+            self.rpn_head, self.roi_head = Head(), Head()
+
+        def run(self, x):
+            self.rpn_head.predict(self.neck(self.backbone(x)))
+            self.roi_head.predict(x)
+            _sleep_ms(2)(x)
+
+    model = Detector()
+    parts = PartTimes(model)
+    step = parts.step(model.run)
+    for _ in range(3):
+        step(torch.zeros(1))
+    assert len(parts.calls) == 3 and all(set(c) == set(PARTS) for c in parts.calls)
+    medians = parts.medians(2)
+    assert medians['rpn'] >= 3 and medians['roi'] >= 3 and medians['rest'] >= 2
+    assert medians['backbone'] < 3 and medians['neck'] < 3
+
+
 def test_memory_is_measured_in_a_child_that_rebuilds_the_step(monkeypatch):
     """A child whose step allocates 64 MB more than another's reports about 64 MB more."""
     here = os.path.dirname(os.path.abspath(__file__))
