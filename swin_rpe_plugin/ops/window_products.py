@@ -30,9 +30,10 @@ def underflowing_mask(mask: Tensor) -> Tensor:
     against 5 ms unmasked (stage 4, 512x512 b2, Xeon with AMX), all of it in the softmax and
     the products that read its denormal probabilities. exp(-200 + ...) underflows to an exact
     0. Both weights are below float32 resolution next to any unmasked key, and every real
-    query sees at least itself, so outputs and gradients are the same to float32 rounding; a
-    row masked everywhere (a padding query, whose output is dropped) moves by one constant,
-    which softmax ignores. Other additive values pass unchanged. The masks users see (plans,
+    query sees at least itself, so outputs and gradients are the same to float32 rounding. A
+    row masked everywhere (a padding query, whose output is dropped) keeps -100: its maximum is
+    masked too, so it makes no denormals, and doubling it would only add float32 rounding at
+    200 (1.5e-5 off the reference's -100). Other additive values pass unchanged. The masks users see (plans,
     pictures, exports) keep the reference's -100. Made once per mask (plans are cached, so
     once per plan), again only if the mask is changed in place."""
     # Inference tensors have no version counter: made under inference_mode, they are not
@@ -41,7 +42,8 @@ def underflowing_mask(mask: Tensor) -> Tensor:
     cached = _UNDERFLOWING.get(mask)
     if cached is not None and version is not None and cached[0] == version:
         return cached[1]
-    doubled = torch.where(mask <= MASK_VALUE, mask * 2, mask)
+    masked = mask <= MASK_VALUE
+    doubled = torch.where(masked & ~masked.all(-1, keepdim=True), mask * 2, mask)
     if version is not None:
         _UNDERFLOWING[mask] = (version, doubled)
     return doubled

@@ -254,6 +254,15 @@ def test_kernels_see_masks_whose_weights_underflow_to_zero_not_to_denormals():
     assert underflowing_mask(mask) is not doubled and underflowing_mask(mask)[0, 0, 0] == -200.0
     custom = torch.full((1, n, n), -3.0)  # other additive values pass unchanged
     assert torch.equal(underflowing_mask(custom), custom)
+    # A query masked everywhere (padding) keeps -100: no denormals there, and -200 would only
+    # add float32 rounding; a query with one unmasked key gets its masked keys doubled.
+    rows = torch.zeros(1, n, n)
+    rows[0, 0] = -100.0
+    rows[0, 1, 1:] = -100.0
+    kept = underflowing_mask(rows)
+    assert torch.equal(kept[0, 0], rows[0, 0]) and kept[0, 1, 0] == 0.0
+    assert torch.equal(kept[0, 1, 1:], torch.full((n - 1, ), -200.0))
+    assert denormals(image_probabilities(q[:heads], k[:heads], bias, kept, 1)) == 0
 
 
 @pytest.mark.needs('CPU_FLASH_TAKES_MASK')
