@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 __all__ = ['TORCH_FLOOR', 'TORCH_VERSION', 'check_torch', 'HAS_CUSTOM_OP', 'custom_op',
-           'is_compiling', 'is_exporting', 'compiler_disable', 'COMPILES_BACKBONE',
+           'is_compiling', 'is_exporting', 'compiler_disable', 'HAS_COMPILE', 'COMPILES_BACKBONE',
            'eager_where_compile_fails', 'gradient_edge', 'autocast_available',
            'autocast_enabled', 'autocast_dtype', 'autocast_context', 'native_products',
            'onednn_linear_op', 'softmax_backward_data', 'WeakIdKeyDictionary',
@@ -50,10 +50,12 @@ def check_torch(version: Tuple[int, int] = TORCH_VERSION, text: str = torch.__ve
                           f'install torch>={floor} (mmdet 3.3 users: torch 2.1 with mmcv 2.1.0)')
 
 
-# --- Custom ops (torch.library.custom_op: torch >= 2.4) -------------------------------------
+# --- Custom ops (torch.library.custom_op: torch >= 2.4, used from 2.5) ----------------------
+# torch 2.4's first custom_op loses the autograd registration of ours under grad mode (their
+# backward is refused: 101 of its core tests fail with it), so 2.4 takes the eager fallback too.
 # SWIN_RPE_EAGER_OPS=1 registers none and runs the fallback older torches get, on any torch
 # (tests run that path on the newest torch with it).
-HAS_CUSTOM_OP = (hasattr(torch.library, 'custom_op')
+HAS_CUSTOM_OP = (hasattr(torch.library, 'custom_op') and TORCH_VERSION >= (2, 5)
                  and os.environ.get('SWIN_RPE_EAGER_OPS', '0') != '1')
 
 
@@ -127,11 +129,18 @@ else:
 
 compiler_disable = torch.compiler.disable  # torch >= 2.1
 
+# torch.compile needs dynamo, which each torch supports on some Pythons only (2.2 and 2.3: not
+# 3.12, which came with 2.4). Without it torch.compile raises torch's own one-line error.
+from torch._dynamo.eval_frame import is_dynamo_supported  # noqa: E402
+
+HAS_COMPILE = is_dynamo_supported()
+
 # torch.compile of the whole backbone: torch 2.1's inductor fails on it (an AssertionError in
 # its value-range analysis of the traced window plan's ``where``, then a non-long index in a
-# later graph). There the backbone runs eagerly inside the compiled model, with one warning,
-# and the rest of the model still compiles. 2.13 and 2.14 compile it (tested); 2.2 assumed.
-COMPILES_BACKBONE = TORCH_VERSION >= (2, 2)
+# later graph), and so does 2.4.1's (a fake-tensor view). There the backbone runs eagerly inside
+# the compiled model, with one warning, and the rest of the model still compiles. 2.13 and 2.14
+# compile it (tested); 2.2 and 2.3 untested (2.2 has no dynamo on Python 3.12), taken as 2.1.
+COMPILES_BACKBONE = TORCH_VERSION >= (2, 5)
 
 
 def eager_where_compile_fails(forward: Callable) -> Callable:
@@ -145,30 +154,50 @@ def eager_where_compile_fails(forward: Callable) -> Callable:
         import warnings
         warnings.warn(f'torch.compile: torch {torch.__version__} cannot compile this backbone '
                       '(its inductor fails on it), so the backbone runs eagerly inside the '
-                      'compiled model; torch >= 2.2 compiles it')
+                      'compiled model; torch >= 2.5 compiles it')
         return eager(*args, **kwargs)
     return wrapper
 
 
 def gradient_edge(t: Tensor) -> Any:
     """``torch.autograd.graph.get_gradient_edge(t)`` (torch >= 2.2): a root for
-    ``torch.autograd.grad`` that does not keep ``t`` alive. torch 2.1 gets ``t`` itself: the
-    same gradients, with ``t`` held until they are made."""
+    ``torch.autograd.grad`` that does not keep ``t`` alive. A torch whose ``autograd.grad``
+    cannot take an edge as its output (2.1 has none; 2.4 asks it ``is_nested``) gets ``t``
+    itself: the same gradients, with ``t`` held until they are made."""
+    return torch.autograd.graph.get_gradient_edge(t) if _GRAD_TAKES_EDGES else t
+
+
+def _grad_takes_edges() -> bool:
+    """Asked once at import, outside any tensor mode (meta, fake) a later caller may be under."""
     getter = getattr(torch.autograd.graph, 'get_gradient_edge', None)
-    return t if getter is None else getter(t)
+    if getter is None:
+        return False
+    x = torch.ones(1, device='cpu', requires_grad=True)
+    with torch.enable_grad():
+        y = x * 2
+    try:  # asked the way ops/recompute.py asks it
+        torch.autograd.grad(getter(y), x, torch.ones(1, device='cpu'))
+    except (AttributeError, TypeError, RuntimeError):
+        return False
+    return True
+
+
+_GRAD_TAKES_EDGES = _grad_takes_edges()
 # torch.onnx.export(dynamo=True) and torch.export.Dim: 2.5 (the path deploy/onnx.py takes).
 HAS_DYNAMO_EXPORTER = TORCH_VERSION >= (2, 5) and hasattr(torch, 'export')
-# torch 2.1's TorchScript ONNX exporter fails on SDPA's `scale` (its symbolic passes the float
-# where a tensor attribute goes); later ones export it. Where it fails, traced attention takes
-# the explicit products, which is what ONNX runs anyway (MatMul, Softmax).
-TRACED_SDPA_EXPORTS = TORCH_VERSION > (2, 1)
-# torch.serialization.add_safe_globals: 2.4 (weights_only allow-lists).
-HAS_SAFE_GLOBALS = hasattr(torch.serialization, 'add_safe_globals')
+# The TorchScript ONNX exporter of torch 2.1-2.4 fails on SDPA's `scale` (its symbolic passes
+# the float where a tensor attribute goes; seen on 2.1.2, 2.2.2, 2.4.1); 2.5+ export it. Where it
+# fails, traced attention takes the explicit products, which is what ONNX runs anyway.
+TRACED_SDPA_EXPORTS = TORCH_VERSION >= (2, 5)
+# torch.serialization.add_safe_globals: 2.4; entries named by (object, 'module.name'), which the
+# mmengine allow-list needs: 2.5. Without them, a restricted unpickler resolves the same list.
+HAS_SAFE_GLOBALS = hasattr(torch.serialization, 'add_safe_globals') and TORCH_VERSION >= (2, 5)
 
 
 # --- Autocast queries (per-device forms: torch >= 2.4) --------------------------------------
-_HAS_DEVICE_AUTOCAST = hasattr(torch, 'get_autocast_dtype') and hasattr(torch.amp,
-                                                                       'is_autocast_available')
+# torch 2.4 has them but dynamo cannot trace its is_autocast_available: 2.4 asks the old way.
+_HAS_DEVICE_AUTOCAST = (hasattr(torch, 'get_autocast_dtype') and TORCH_VERSION >= (2, 5)
+                        and hasattr(torch.amp, 'is_autocast_available'))
 
 
 def autocast_available(device_type: str) -> bool:

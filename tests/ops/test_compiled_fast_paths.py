@@ -46,6 +46,7 @@ def tiny_model():
     return model
 
 
+@pytest.mark.needs('HAS_COMPILE')
 @pytest.mark.needs('HAS_CUSTOM_OP')
 @pytest.mark.parametrize('kernel', ['onednn', 'mkl'])
 def test_compiled_graph_keeps_the_fast_paths(kernel):
@@ -63,6 +64,7 @@ def test_compiled_graph_keeps_the_fast_paths(kernel):
     assert len(graphs) == 1  # fullgraph: no graph break anywhere in the backbone
 
 
+@pytest.mark.needs('HAS_COMPILE')
 def test_compiled_graph_is_standard_under_the_generic_backend():
     model = tiny_model().eval()
     graphs = []
@@ -72,6 +74,7 @@ def test_compiled_graph_is_standard_under_the_generic_backend():
     assert not any(op.startswith('swin_rpe.') for op in called_ops(graphs))
 
 
+@pytest.mark.needs('HAS_COMPILE')
 @pytest.mark.needs('HAS_CUSTOM_OP')
 def test_compiled_training_runs_the_registered_backwards_and_equals_eager():
     """dynamo + AOT autograd (the 'aot_eager' backend: inductor's front end without its code
@@ -114,6 +117,7 @@ def test_registered_ops_pass_opcheck():
         torch.library.opcheck(_attention_qkv_op, (packed, 2, bias, None, 0.3, 4, True))
 
 
+@pytest.mark.needs('HAS_COMPILE')
 def test_mmengine_compile_trains_a_synthetic_segmentor(tmp_path):
     from swin_rpe_plugin.datasets import make_synthetic_data
     from swin_rpe_plugin.engine.demo import options_argv, synthetic_options
