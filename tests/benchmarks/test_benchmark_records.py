@@ -85,7 +85,8 @@ def test_finish_adds_what_the_builder_derives_from_the_timed_steps():
     c = runner.Comparison(key=dict(kind='test'), steps={'a': _sleep_ms(4), 'b': _sleep_ms(1)},
                           x=None, baseline='a', candidate='b', finish=finish)
     record = runner.run_comparison(c, repeats=2, threads=2)
-    assert seen == [2] and record['ratio'] == 1 / record['speedup']
+    # speedup is a_ms / b_ms: its inverse equals b_ms / a_ms up to one rounding of each division
+    assert seen == [2] and record['ratio'] == pytest.approx(1 / record['speedup'], rel=1e-15)
 
 
 def test_part_times_split_a_step_into_its_parts():
