@@ -19,8 +19,7 @@ import torch
 from torch import Tensor
 
 __all__ = ['TORCH_FLOOR', 'TORCH_VERSION', 'check_torch', 'HAS_CUSTOM_OP', 'custom_op',
-           'is_compiling', 'is_exporting', 'compiler_disable', 'HAS_COMPILE', 'COMPILES_BACKBONE',
-           'eager_where_compile_fails', 'gradient_edge', 'autocast_available',
+           'is_compiling', 'is_exporting', 'compiler_disable', 'HAS_COMPILE', 'gradient_edge', 'autocast_available',
            'autocast_enabled', 'autocast_dtype', 'autocast_context', 'native_products',
            'onednn_linear_op', 'softmax_backward_data', 'WeakIdKeyDictionary',
            'cpu_capability', 'HAS_DYNAMO_EXPORTER', 'HAS_SAFE_GLOBALS',
@@ -135,28 +134,11 @@ from torch._dynamo.eval_frame import is_dynamo_supported  # noqa: E402
 
 HAS_COMPILE = is_dynamo_supported()
 
-# torch.compile of the whole backbone: torch 2.1's inductor fails on it (an AssertionError in
-# its value-range analysis of the traced window plan's ``where``, then a non-long index in a
-# later graph), and so does 2.4.1's (a fake-tensor view). There the backbone runs eagerly inside
-# the compiled model, with one warning, and the rest of the model still compiles. 2.13 and 2.14
-# compile it (tested); 2.2 and 2.3 untested (2.2 has no dynamo on Python 3.12), taken as 2.1.
-COMPILES_BACKBONE = TORCH_VERSION >= (2, 5)
-
-
-def eager_where_compile_fails(forward: Callable) -> Callable:
-    """Decorate a backbone's forward: compiled where this torch compiles it, else eager."""
-    eager = compiler_disable(forward)
-
-    @functools.wraps(forward)
-    def wrapper(*args, **kwargs):
-        if COMPILES_BACKBONE or not is_compiling():
-            return forward(*args, **kwargs)
-        import warnings
-        warnings.warn(f'torch.compile: torch {torch.__version__} cannot compile this backbone '
-                      '(its inductor fails on it), so the backbone runs eagerly inside the '
-                      'compiled model; torch >= 2.5 compiles it')
-        return eager(*args, **kwargs)
-    return wrapper
+# torch.compile of the whole backbone with inductor: torch 2.1's fails on it (an AssertionError
+# in its value-range analysis of the traced window plan's ``where``, then a non-long index in a
+# later graph), and so does 2.4.1's (a fake-tensor view); dynamo with 'aot_eager' traces it.
+# Not worked around: running the backbone eagerly inside a compiled model sends our autograd
+# functions' backwards through dynamo, which 2.1 cannot trace either (tests/compat_known_failures.txt).
 
 
 def gradient_edge(t: Tensor) -> Any:

@@ -240,28 +240,3 @@ def test_safe_load_without_an_allow_list_resolves_the_same_globals_and_no_others
     with pytest.raises(pickle.UnpicklingError, match='Unsupported global: GLOBAL posix.system'):
         checkpoint_compat.safe_torch_load(str(tmp_path / 'code.pth'))
 
-
-@pytest.mark.needs('HAS_COMPILE')
-def test_backbone_runs_eagerly_inside_a_compiled_model_where_torch_cannot_compile_it(monkeypatch):
-    """torch 2.1's inductor fails on the backbone: there torch.compile(model) runs the backbone's
-    own eager forward (same numbers, bit for bit), says so in one warning line, and traces no
-    graph of it. Simulated here on any torch; on torch 2.1 tests/models/test_compile.py runs
-    this path for real."""
-    from torch._dynamo.testing import CompileCounter
-
-    from swin_rpe_plugin import SwinTransformer
-    monkeypatch.setattr(compat, 'COMPILES_BACKBONE', False)
-    torch.manual_seed(0)
-    model = SwinTransformer(embed_dims=16, depths=(2, 2), num_heads=(1, 2), strides=(4, 2),
-                            out_indices=(0, 1), window_size=(7, 5), drop_path_rate=0.0).eval()
-    x = torch.randn(2, 3, 61, 45)
-    torch._dynamo.reset()
-    counter = CompileCounter()
-    with torch.no_grad(), pytest.warns(UserWarning, match='runs eagerly') as record:
-        compiled = torch.compile(model, backend=counter)(x)
-        eager = model(x)
-    torch._dynamo.reset()
-    assert all('\n' not in str(w.message) for w in record)
-    assert counter.op_count == 0  # nothing of the backbone went into a graph
-    for a, b in zip(eager, compiled):
-        assert torch.equal(a, b)

@@ -19,7 +19,7 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import constant_init, trunc_normal_, trunc_normal_init
 from torch import Tensor
 
-from ..compat import eager_where_compile_fails, register_load_state_dict_pre_hook
+from ..compat import register_load_state_dict_pre_hook
 from ..ops import resize_absolute_pos_embed, to_window_tuple
 from ..ops.dispatch import is_tracing
 from ..registry import MODELS
@@ -239,7 +239,6 @@ class SwinTransformer(BaseModule):
             elif isinstance(m, WindowMSA):
                 trunc_normal_(m.relative_position_bias_table, std=0.02)
 
-    @eager_where_compile_fails
     def forward(self, x: Tensor, valid_sizes=None) -> List[Tensor]:
         """[B, in_channels, H, W] -> list of [B, C_i, H_i, W_i], one per out index.
 
