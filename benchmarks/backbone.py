@@ -53,7 +53,9 @@ def step_fn(model: torch.nn.Module, mode: str, dtype: str = 'fp32'):
     float32, as in mixed-precision training); 'fp32' runs without autocast.
     """
     def autocast(x):
-        return torch.autocast(x.device.type, dtype=DTYPES[dtype], enabled=dtype != 'fp32')
+        # fp32: autocast off, and no dtype named (torch 2.1's CPU autocast refuses float32)
+        low = dtype != 'fp32'
+        return torch.autocast(x.device.type, dtype=DTYPES[dtype] if low else None, enabled=low)
 
     if mode == 'infer':
         model.eval()
