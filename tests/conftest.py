@@ -1,6 +1,7 @@
 import json
 import os
 import socket
+import uuid
 
 import pytest
 import torch
@@ -113,7 +114,11 @@ def salient_bias_tables(model: torch.nn.Module) -> torch.nn.Module:
 
 def tiny_runner(work_dir, max_iters: int, backbone_cfg: dict, image_size: int,
                 checkpoint_interval: int, **kwargs) -> Runner:
-    """A Runner on 4 random images that saves real mmengine checkpoints (meta, message hub)."""
+    """A Runner on 4 random images that saves real mmengine checkpoints (meta, message hub).
+
+    Each gets its own experiment name: mmengine names one by the second it starts, and runners
+    started in the same second in one process share a MessageHub (and its logged losses)."""
+    kwargs.setdefault('experiment_name', f'tiny-{uuid.uuid4().hex}')
     data = [dict(inputs=torch.randn(3, image_size, image_size), labels=torch.tensor(i % 2))
             for i in range(4)]
     return Runner(

@@ -59,9 +59,7 @@ def test_load_from_and_resume_through_mmengine(runner_checkpoint, tmp_path):
     ckpt = load_checkpoint(model, path, map_location='cpu', strict=True)  # load_from
     assert ckpt['meta']['iter'] == 2
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
-    # Its own experiment name: mmengine names one by the second it starts, and runners started in
-    # the same second share a MessageHub (and its losses) in one process.
-    resumed = runner(tmp_path, 3, load_from=path, resume=True, experiment_name='resumed')
+    resumed = runner(tmp_path, 3, load_from=path, resume=True)  # its own MessageHub (conftest)
     resumed.train()  # resumes at iteration 2 (optimizer, message hub) and runs one more
     assert resumed.iter == 3
     losses, _ = resumed.message_hub.get_scalar('train/loss').data
