@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 __all__ = ['TORCH_FLOOR', 'TORCH_VERSION', 'check_torch', 'HAS_CUSTOM_OP', 'custom_op',
-           'is_compiling', 'is_exporting', 'compiler_disable', 'HAS_COMPILE', 'gradient_edge', 'autocast_available',
+           'is_compiling', 'is_exporting', 'compiler_disable', 'HAS_COMPILE', 'index_sizes', 'gradient_edge', 'autocast_available',
            'autocast_enabled', 'autocast_dtype', 'autocast_context', 'native_products',
            'onednn_linear_op', 'softmax_backward_data', 'WeakIdKeyDictionary',
            'cpu_capability', 'HAS_DYNAMO_EXPORTER', 'HAS_SAFE_GLOBALS',
@@ -134,11 +134,19 @@ from torch._dynamo.eval_frame import is_dynamo_supported  # noqa: E402
 
 HAS_COMPILE = is_dynamo_supported()
 
-# torch.compile of the whole backbone with inductor: torch 2.1's fails on it (an AssertionError
-# in its value-range analysis of the traced window plan's ``where``, then a non-long index in a
-# later graph), and so does 2.4.1's (a fake-tensor view); dynamo with 'aot_eager' traces it.
-# Not worked around: running the backbone eagerly inside a compiled model sends our autograd
-# functions' backwards through dynamo, which 2.1 cannot trace either (tests/compat_known_failures.txt).
+# Sizes in the index arithmetic of a compiled graph (inductor >= 2.5 is tested with them as
+# symbolic scalars): torch 2.1's inductor types any symbolic scalar other than a bare symbol
+# (s0 * s1, (s0 + 6) // 7) as float32 in elementwise ops, so window plans came out float and
+# could not index. Older torches get such sizes as 0-d long tensors under compile instead.
+_INDUCTOR_TYPES_SIZE_EXPRESSIONS = TORCH_VERSION >= (2, 5)
+
+
+def index_sizes(device: Optional[torch.device], *sizes):
+    """``sizes`` for elementwise index arithmetic: themselves, or 0-d long tensors while torch
+    (< 2.5) compiles a graph (not exports: the exporters take symbolic scalars as they are)."""
+    if _INDUCTOR_TYPES_SIZE_EXPRESSIONS or not is_compiling() or is_exporting():
+        return sizes
+    return tuple(torch.full((), s, dtype=torch.long, device=device) for s in sizes)
 
 
 def gradient_edge(t: Tensor) -> Any:

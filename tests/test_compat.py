@@ -81,6 +81,31 @@ def test_gradient_edge_fallback_gives_the_same_gradients(monkeypatch):
         assert torch.allclose(result, expected)
 
 
+@pytest.mark.needs('HAS_COMPILE')
+@pytest.mark.parametrize('sizes_as_tensors', [False, True])
+def test_compiled_window_plan_is_the_eager_one_at_symbolic_sizes(monkeypatch, sizes_as_tensors):
+    """The traced window plan compiled with symbolic sizes (two sizes, dynamic=True): long
+    indices equal to eager ones, with sizes as this torch takes them (symbolic scalars from
+    2.5) and as 0-d long tensors (torch 2.1's inductor computed the former in float32)."""
+    from swin_rpe_plugin.ops.plan import traceable_window_plan
+    if sizes_as_tensors:  # else as this torch takes them
+        monkeypatch.setattr(compat, '_INDUCTOR_TYPES_SIZE_EXPRESSIONS', False)
+
+    def plan(x):
+        hw = (x.shape[0], x.shape[1])
+        p = traceable_window_plan(hw, (7, 5), (3, 2), (hw[0] - 2, hw[1] - 3), x.device)
+        return p.gather, p.scatter, p.mask
+
+    torch._dynamo.reset()
+    compiled = torch.compile(plan, dynamic=True)
+    for hw in [(25, 33), (13, 17)]:
+        expected = plan(torch.zeros(hw))
+        got = compiled(torch.zeros(hw))
+        assert got[0].dtype == got[1].dtype == torch.long
+        for a, b in zip(got, expected):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+
+
 def _scaled_product(x: torch.Tensor, w: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
     return (x @ w) * scale
 

@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..compat import compiler_disable, default_device
+from ..compat import compiler_disable, default_device, index_sizes
 from .masks import MASK_VALUE, window_attention_mask
 from .relative_position import to_window_tuple
 from .windows import padded_size, window_partition
@@ -160,7 +160,9 @@ def traceable_window_plan(hw, window_size: Tuple[int, int], shift_size: Tuple[in
     h, w = hw
     hp, wp = (h + mh - 1) // mh * mh, (w + mw - 1) // mw * mw
     windows_x, n = wp // mw, mh * mw
-    num_windows = (hp // mh) * windows_x
+    num_windows, num_tokens = (hp // mh) * windows_x, h * w
+    # Sizes as they enter the arithmetic below: themselves, or tensors on an old compiler.
+    h, w, hp, wp, windows_x = index_sizes(device, h, w, hp, wp, windows_x)
     # Rolled-map coordinates (y, x) of token t of window i, [nW, N].
     i = torch.arange(num_windows, device=device)[:, None]
     t = torch.arange(n, device=device)[None, :]
@@ -168,9 +170,10 @@ def traceable_window_plan(hw, window_size: Tuple[int, int], shift_size: Tuple[in
     x = _mod(i, windows_x) * mw + t % mw
     # The padded, unrolled map's coordinates they hold: roll by -shift reads (y + s) mod size.
     src_y, src_x = _mod(y + sh, hp), _mod(x + sw, wp)
-    gather = torch.where((src_y < h) & (src_x < w), src_y * w + src_x, h * w).reshape(-1)
+    gather = torch.where(torch.logical_and(src_y < h, src_x < w), src_y * w + src_x,
+                         h * w).reshape(-1)
     # Position of each map token in window order: the inverse of the above, by arithmetic.
-    token = torch.arange(h * w, device=device)
+    token = torch.arange(num_tokens, device=device)
     ry, rx = _mod(token // w + hp - sh, hp), _mod(_mod(token, w) + wp - sw, wp)
     scatter = ((ry // mh) * windows_x + rx // mw) * n + (ry % mh) * mw + rx % mw
 
@@ -183,7 +186,8 @@ def traceable_window_plan(hw, window_size: Tuple[int, int], shift_size: Tuple[in
                            torch.tensor(MASK_VALUE, dtype=dtype, device=device),
                            torch.tensor(0.0, dtype=dtype, device=device))
     if valid_hw is not None:
-        invalid_key = (src_y >= valid_hw[0]) | (src_x >= valid_hw[1])  # [nW, N]
+        valid_h, valid_w = index_sizes(device, *valid_hw)
+        invalid_key = torch.logical_or(src_y >= valid_h, src_x >= valid_w)  # [nW, N]
         keys = torch.where(invalid_key[:, None, :],
                            torch.tensor(MASK_VALUE, dtype=dtype, device=device),
                            torch.tensor(0.0, dtype=dtype, device=device))
