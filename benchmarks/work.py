@@ -63,7 +63,7 @@ def _tensor_bytes(t) -> int:
 
 
 def _tensors(tree):
-    return [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+    return [t for t in torch.utils._pytree.tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
 
 
 def _square(t) -> bool:
