@@ -253,7 +253,8 @@ def _saved_storages(exclude: set, param_shapes: set):
 def _allocator_peak(prof) -> int:
     """Peak of the running sum of the profiler's allocation events (bytes)."""
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == '[memory]']
-    events.sort(key=lambda e: e.start_ns())
+    # start_ns: torch >= 2.2; 2.1 has microseconds only (a stable sort keeps same-tick order)
+    events.sort(key=lambda e: e.start_ns() if hasattr(e, 'start_ns') else e.start_us() * 1000)
     live = peak = 0
     for e in events:
         live += e.nbytes()
