@@ -14,7 +14,9 @@ crops run without them).
 
 Past the backbone the same sizes reach the neck and the heads (see ``docs/padding-aware.md``):
 every convolution of the neck and of the dense / decode heads sees zeros beyond each image (a
-pre-hook on the conv), the neck's outputs are zero there, and the toolkit modules whose
+pre-hook on the conv); at inference the neck's and dense heads' plain convs run on each image's
+own region (:class:`PerImageConv2d`), so their sums have the same shapes alone and batched; the
+neck's outputs are zero beyond the images, and the toolkit modules whose
 arithmetic itself reads across the border get a padding-aware drop-in class
 (``padding_mmdet.py``: dense heads predict from the image's own positions only, RoI extractors
 read the image's edge as the map's edge; ``padding_mmseg.py``: UperNet). A feature map's valid
@@ -289,6 +291,51 @@ def mask_conv_inputs(module: nn.Module, state: PaddingState) -> int:
     return count
 
 
+class PerImageConv2d(nn.Conv2d):
+    """A Conv2d that, without autograd and while the padding state has padded images, runs
+    on each image's own region (a crop of the map) and leaves zeros beyond it.
+
+    oneDNN sums a conv in an order that depends on the map's and the batch's size, so the same
+    image alone and batched differed by about 1e-6 from the first neck conv on (docs/
+    padding-aware.md, Exactness). On its crop, an image's conv has the same shape at any batch
+    padding. The crop's own zero padding is the zeros beyond the image the conv saw before.
+    With autograd, a string or non-zero padding mode, or nothing padded: the stock forward.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        state = padding_state(self)
+        valid = None
+        if (state is not None and not torch.is_grad_enabled()
+                and self.padding_mode == 'zeros' and not isinstance(self.padding, str)):
+            valid = state.padded(x)
+        if valid is None:
+            return super().forward(x)
+        layout = (torch.channels_last if x.is_contiguous(memory_format=torch.channels_last)
+                  and not x.is_contiguous() else torch.contiguous_format)
+        crops = [super(PerImageConv2d, self).forward(
+            x[b:b + 1, :, :h, :w].contiguous(memory_format=layout))
+            for b, (h, w) in enumerate(valid)]
+        size = [(n + 2 * p - d * (k - 1) - 1) // s + 1 for n, k, s, p, d in zip(
+            x.shape[-2:], self.kernel_size, self.stride, self.padding, self.dilation)]
+        out = crops[0].new_zeros((x.shape[0], crops[0].shape[1], *size)).contiguous(
+            memory_format=layout)
+        for b, crop in enumerate(crops):
+            out[b:b + 1, :, :crop.shape[2], :crop.shape[3]] = crop
+        return out
+
+
+def run_convs_per_image(module: nn.Module, state: PaddingState) -> int:
+    """Make every plain ``nn.Conv2d`` in ``module`` a :class:`PerImageConv2d` (in place: same
+    parameters); return how many."""
+    count = 0
+    for m in module.modules():
+        if type(m) is nn.Conv2d:
+            m.__class__ = PerImageConv2d
+            setattr(m, STATE_ATTR, state)
+            count += 1
+    return count
+
+
 def _toolkit_parts(inner: nn.Module, state: PaddingState) -> List[str]:
     """Make the neck and the heads padding-aware; return what was done, for the log."""
     done = []
@@ -297,6 +344,7 @@ def _toolkit_parts(inner: nn.Module, state: PaddingState) -> List[str]:
         necks = neck if isinstance(neck, (nn.ModuleList, nn.Sequential)) else [neck]
         for n in necks:
             mask_conv_inputs(n, state)
+            run_convs_per_image(n, state)
             n.register_forward_hook(_masked_output_hook(state))
             done.append(type(n).__name__)
     for name in ('rpn_head', 'bbox_head', 'roi_head', 'decode_head', 'auxiliary_head'):

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..registry import MODELS
 from .padding import STATE_ATTR, PaddingState, mask_conv_inputs, padding_state, \
-    valid_sizes_at
+    run_convs_per_image, valid_sizes_at
 
 
 def _crop_priors(priors, hw, valid):
@@ -106,6 +106,7 @@ def make_aware(head: nn.Module, name: str, state: PaddingState) -> List[str]:
     """Make one mmdet head padding-aware in place; return what was done, for the log."""
     if isinstance(head, BaseDenseHead) and _predicts_per_position(head):
         mask_conv_inputs(head, state)
+        run_convs_per_image(head, state)
         head.__class__ = aware_dense_head_class(type(head))
         setattr(head, STATE_ATTR, state)
         return [type(head).__name__]

@@ -3,9 +3,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from swin_rpe_plugin.models.padding import (PaddingState, feature_stride, mask_conv_inputs,
-                                            region_mask, replicate_edges, resize_regions,
-                                            valid_sizes_at, zero_beyond_)
+from swin_rpe_plugin.models.padding import (PaddingState, PerImageConv2d, feature_stride,
+                                            mask_conv_inputs, region_mask, replicate_edges,
+                                            resize_regions, run_convs_per_image, valid_sizes_at,
+                                            zero_beyond_)
 
 
 def test_feature_stride_and_valid_sizes_follow_nested_ceilings():
@@ -122,3 +123,25 @@ def test_conv_input_hook_zeroes_the_padding_as_a_masked_copy_would():
     assert torch.equal(out, ref) and torch.equal(w.detach(), x)
     out.sum().backward()
     assert torch.equal(w.grad[1, :, :, 3:], torch.zeros(4, 8, 5))
+
+
+@pytest.mark.parametrize('kernel,stride,padding', [(1, 1, 0), (3, 1, 1), (3, 2, 1)])
+def test_per_image_conv_gives_each_image_its_conv_alone(kernel, stride, padding):
+    """Without autograd each image's output is, bit for bit, the conv of that image alone at
+    its own size (zeros beyond it); with autograd the stock conv runs."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(4, 6, kernel, stride, padding)
+    regions = [(5, 7), (8, 3)]
+    state = _state([(20, 28), (31, 9)], (32, 32))  # stride 4 on an 8x8 map
+    assert run_convs_per_image(conv, state) == 1 and isinstance(conv, PerImageConv2d)
+    x = torch.randn(2, 4, 8, 8) * region_mask(regions, (8, 8), torch.zeros(1))
+    with torch.no_grad():
+        out = conv(x)
+    assert out.shape == F.conv2d(x, conv.weight, conv.bias, stride, padding).shape
+    for b, (h, w) in enumerate(regions):
+        alone = F.conv2d(x[b:b + 1, :, :h, :w].contiguous(), conv.weight, conv.bias, stride,
+                         padding)
+        oh, ow = alone.shape[-2:]
+        assert torch.equal(out[b:b + 1, :, :oh, :ow], alone)
+        assert not out[b, :, oh:].any() and not out[b, :, :, ow:].any()
+    assert torch.equal(conv(x), F.conv2d(x, conv.weight, conv.bias, stride, padding))

@@ -196,3 +196,38 @@ def test_upernet_logits_alone_equal_batched():
     assert worst_off > LOGIT_TOL
     print(f'\nupernet: worst logit diff on {(alone - batched).abs().max().item():.3g}, '
           f'off {worst_off:.3g}')
+
+
+def test_neck_and_rpn_outputs_are_those_of_the_image_alone_bit_for_bit():
+    """Given the same backbone features on the image (zeros beyond it), the FPN and RPN outputs
+    on its region are bitwise those of the image alone: each conv runs on the image's own crop,
+    so the sums have the same shapes alone and batched (oneDNN's order depends on both)."""
+    from swin_rpe_plugin.models.padding import padding_state, valid_sizes_at
+    model, _ = build('mask-rcnn')
+    enable_padding_aware(model)
+    state = padding_state(model)
+    torch.manual_seed(1)
+    strides = [4 * 2**i for i in range(len(model.neck.in_channels))]
+    regions = [[torch.randn(c, -(-h // s), -(-w // s)) for c, s in
+                zip(model.neck.in_channels, strides)] for h, w in SIZES]
+
+    def neck_and_rpn(count, input_hw):
+        feats = [torch.zeros(count, c, -(-input_hw[0] // s), -(-input_hw[1] // s))
+                 for c, s in zip(model.neck.in_channels, strides)]
+        for b in range(count):
+            for level, region in enumerate(regions[b]):
+                feats[level][b, :, :region.shape[1], :region.shape[2]] = region
+        state.sizes, state.input_hw = list(SIZES[:count]), input_hw
+        try:
+            with torch.no_grad():
+                neck = model.neck(feats)
+                scores, deltas = model.rpn_head(neck)
+        finally:
+            state.reset()
+        return list(neck) + list(scores) + list(deltas), input_hw
+
+    runs = [neck_and_rpn(1, (64, 96)), neck_and_rpn(3, (96, 128))]
+    for alone, batched in zip(runs[0][0], runs[1][0]):
+        (h, w), = valid_sizes_at(SIZES[:1], alone.shape[-2:], runs[0][1])
+        assert (h, w) == valid_sizes_at(SIZES[:1], batched.shape[-2:], runs[1][1])[0]
+        assert torch.equal(batched[0, :, :h, :w], alone[0, :, :h, :w])
