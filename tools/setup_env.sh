@@ -65,7 +65,9 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
 fi
 
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
+# --no-compile: no .pyc for every file of torch and its CUDA libraries up front (the modules
+# imported get theirs on first import); most of a warm setup's time was that compilation.
+pip=("$venv/bin/python" -m pip install --disable-pip-version-check --no-compile -q)
 if [ "$profile" = pinned ]; then
   "${pip[@]}" -r requirements/build.txt
 else  # torch and numpy first: mmcv compiles against them (no build isolation)
