@@ -149,6 +149,18 @@ def index_sizes(device: Optional[torch.device], *sizes):
     return tuple(torch.full((), s, dtype=torch.long, device=device) for s in sizes)
 
 
+# torch 2.1's inductor cannot compile a window plan traced into the graph that uses it: its
+# index propagation turns the token gather's negative-index wrap into a sympy Where that its
+# simplifier rejects ("non-commutative expressions are not supported"). Below 2.5 the plan is
+# then the cached eager one (a graph break per stage), an input of the graphs that use it.
+_COMPILE_TRACES_WINDOW_PLAN = TORCH_VERSION >= (2, 5)
+
+
+def plan_outside_graph() -> bool:
+    """True while a torch < 2.5 compiles (not exports): window plans are built eagerly."""
+    return not _COMPILE_TRACES_WINDOW_PLAN and is_compiling() and not is_exporting()
+
+
 def gradient_edge(t: Tensor) -> Any:
     """``torch.autograd.graph.get_gradient_edge(t)`` (torch >= 2.2): a root for
     ``torch.autograd.grad`` that does not keep ``t`` alive. A torch whose ``autograd.grad``

@@ -14,6 +14,7 @@ from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmcv.cnn.bricks.transformer import build_dropout
 from torch import Tensor
 
+from ..compat import plan_outside_graph
 from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias, gather_tokens,
                    gelu_grad_in_place, linear, linear_keeping_input, linear_residual,
                    linear_with_recomputed_input, relative_position_index, table_rows,
@@ -242,7 +243,7 @@ class ShiftWindowMSA(nn.Module):
         Cached per size in eager mode; under tracers and exporters computed from the (symbolic)
         sizes instead (``traceable_window_plan``), one (h, w) region for every image.
         """
-        if is_tracing(like):
+        if is_tracing(like) and not plan_outside_graph():
             return traceable_window_plan(hw_shape, self.window_size, self.shift_size, valid_hw,
                                          like.device)
         return cached_window_plan(tuple(hw_shape), self.window_size, self.shift_size,
@@ -326,9 +327,11 @@ class FFN(nn.Module):
 
         post_norm: applied to the FFN output before drop path (res-post-norm).
         """
-        (fc1, act, drop1), fc2, drop2 = self.layers[0], self.layers[1], self.layers[2]
-        norm = norm if norm is not None else nn.Identity()
-        post_norm = post_norm if post_norm is not None else nn.Identity()
+        # indexed, not unpacked: dynamo on torch 2.1 breaks its graph on unpacking a module
+        first, fc2, drop2 = self.layers[0], self.layers[1], self.layers[2]
+        fc1, act, drop1 = first[0], first[1], first[2]
+        norm = norm if norm is not None else _IDENTITY
+        post_norm = post_norm if post_norm is not None else _IDENTITY
         # Without a post-norm and with nothing dropped, fc2 adds the residual itself.
         fused = type(post_norm) is nn.Identity and not _drops(self.dropout_layer)
         dropping = _drops(drop1, drop2)
@@ -349,6 +352,11 @@ class FFN(nn.Module):
             return out if fused else identity + self.dropout_layer(post_norm(out))
         out = drop2(fc2(drop1(act(hidden))))
         return identity + self.dropout_layer(post_norm(out))
+
+
+# The FFN's absent norms: one shared module (dynamo on torch 2.1 breaks its graph on a module
+# built in forward).
+_IDENTITY = nn.Identity()
 
 
 def _is_exact_gelu(act: nn.Module) -> bool:

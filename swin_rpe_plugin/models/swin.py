@@ -54,8 +54,11 @@ class SwinBlockSequence(nn.Module):
         if valid is None and self.mask_padding:
             valid = tuple(hw_shape)
         # One plan per shift, shared by every block of the stage (cached across forwards).
-        plans = {block.shift_size: block.attn.plan(hw_shape, valid, x)
-                 for block in self.blocks[:2]}
+        # (Not a slice of the ModuleList: dynamo on torch 2.1 breaks its graph there.)
+        plans = {}
+        for block in self.blocks:
+            if block.shift_size not in plans:
+                plans[block.shift_size] = block.attn.plan(hw_shape, valid, x)
         for block in self.blocks:
             x = block(x, hw_shape, plans[block.shift_size])
         if self.downsample is None:

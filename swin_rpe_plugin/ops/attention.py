@@ -58,8 +58,9 @@ class _SplitQKV(torch.autograd.Function):
 
 def split_qkv(qkv: Tensor, heads: int) -> Tuple[Tensor, Tensor, Tensor]:
     """[B * nW, N, 3C] -> q, k, v [B * nW, heads, N, C / heads], views of qkv."""
-    if torch.is_grad_enabled() and qkv.requires_grad and qkv.is_contiguous() \
-            and not is_tracing(qkv):
+    # is_contiguous last: dynamo on torch 2.1 breaks its graph there
+    if torch.is_grad_enabled() and qkv.requires_grad and not is_tracing(qkv) \
+            and qkv.is_contiguous():
         return _SplitQKV.apply(qkv, heads)
     bw, n, c3 = qkv.shape
     return qkv.reshape(bw, n, 3, heads, c3 // 3 // heads).permute(2, 0, 3, 1, 4).unbind(0)
@@ -121,8 +122,8 @@ def window_attention_qkv(qkv: Tensor, heads: int, bias: Tensor, mask: Optional[T
     it is :func:`window_attention` of :func:`split_qkv`'s views.
     """
     cpu_path = use_cpu_fast_paths(qkv)
-    if (not fused or dropout_p > 0 or not qkv.is_contiguous() or torch.jit.is_tracing()
-            or is_exporting() or (not cpu_path and is_tracing(qkv))):
+    if (not fused or dropout_p > 0 or (not cpu_path and is_tracing(qkv))
+            or torch.jit.is_tracing() or is_exporting() or not qkv.is_contiguous()):
         q, k, v = split_qkv(qkv, heads)
         return window_attention(q, k, v, bias, mask, scale, dropout_p, fused, windows_per_image)
     bw, n, c3 = qkv.shape

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..compat import HAS_CUSTOM_OP, is_compiling
 from .relative_position import to_window_tuple
 
 __all__ = ['padded_size', 'pad_to_window', 'window_partition', 'window_unpartition',
@@ -126,6 +127,9 @@ def gather_tokens(x: Tensor, index: Tensor, inverse: Tensor, zero_in_index: Zero
     Returns:
         [B, L', C].
     """
-    if not (torch.is_grad_enabled() and x.requires_grad) or torch.jit.is_tracing():
-        return _gather(x, index, zero_in_index)  # tracers (FLOP counters) see plain ops
+    # Tracers (FLOP counters) see plain ops; so does compile below torch 2.5, whose dynamo
+    # cannot trace this Function's backward with the plan's tensors as graph inputs.
+    if (not (torch.is_grad_enabled() and x.requires_grad) or torch.jit.is_tracing()
+            or (is_compiling() and not HAS_CUSTOM_OP)):
+        return _gather(x, index, zero_in_index)
     return _GatherTokens.apply(x, index, inverse, zero_in_index, zero_in_inverse)
