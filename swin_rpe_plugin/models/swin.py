@@ -53,14 +53,17 @@ class SwinBlockSequence(nn.Module):
         """
         if valid is None and self.mask_padding:
             valid = tuple(hw_shape)
-        # One plan per shift, shared by every block of the stage (cached across forwards).
-        # (Not a slice of the ModuleList: dynamo on torch 2.1 breaks its graph there.)
-        plans = {}
+        # One plan per shift, shared by every block of the stage (cached across forwards): the
+        # first two blocks' shifts (blocks alternate), built in straight-line code: dynamo on
+        # torch 2.1 breaks its graph on a ModuleList slice, and where a torch builds plans
+        # eagerly under compile, a graph break inside a loop makes it compile every block alone.
+        first = self.blocks[0]
+        first_plan = other_plan = first.attn.plan(hw_shape, valid, x)
+        if len(self.blocks) > 1 and self.blocks[1].shift_size != first.shift_size:
+            other_plan = self.blocks[1].attn.plan(hw_shape, valid, x)
         for block in self.blocks:
-            if block.shift_size not in plans:
-                plans[block.shift_size] = block.attn.plan(hw_shape, valid, x)
-        for block in self.blocks:
-            x = block(x, hw_shape, plans[block.shift_size])
+            x = block(x, hw_shape,
+                      first_plan if block.shift_size == first.shift_size else other_plan)
         if self.downsample is None:
             return x, hw_shape, x, hw_shape
         x_down, down_hw = self.downsample(x if token_mask is None else x * token_mask, hw_shape)

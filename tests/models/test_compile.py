@@ -44,3 +44,25 @@ def test_compiled_swinv2_equals_eager():
     with torch.no_grad():
         for a, b in zip(model(x), compiled(x)):
             torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize('train', [False, True], ids=['eval', 'train'])
+def test_compiled_graphs_do_not_grow_with_depth(train):
+    """A graph break inside a block makes dynamo compile every block on its own (torch 2.1: 92
+    recompiles of the tiny backbone in test_compiled_equals_eager_in_eval_and_train). The
+    graphs of a compiled backbone are as many at depth 4 as at depth 2: one where the torch
+    traces the window plan into the graph, else one more per eagerly built plan."""
+    import torch._dynamo
+    from swin_rpe_plugin.compat import _COMPILE_TRACES_WINDOW_PLAN
+    x = torch.randn(2, 3, 97, 131)
+    counts = []
+    for depth in (2, 4):  # one stage: the loop over its blocks is where breaks multiply
+        model = SwinTransformer(**dict(TINY, depths=(depth,), num_heads=(1,), strides=(4,),
+                                       out_indices=(0,)), mask_padding=True).train(train)
+        torch._dynamo.reset()
+        with torch.set_grad_enabled(train):
+            counts.append(torch._dynamo.explain(model)(x).graph_count)
+    torch._dynamo.reset()
+    assert counts[1] == counts[0], f'graphs at depth 2 and 4: {counts}'
+    if _COMPILE_TRACES_WINDOW_PLAN:
+        assert counts[0] == 1, f'{counts[0]} graphs: the backbone should compile to one'
