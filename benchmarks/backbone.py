@@ -4,6 +4,7 @@
 ``torch.compile``) for the loop of ``runner``; the step functions and output diffs here
 serve every comparison (SwinV2, runtimes, whole models).
 """
+import contextlib
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -53,9 +54,10 @@ def step_fn(model: torch.nn.Module, mode: str, dtype: str = 'fp32'):
     float32, as in mixed-precision training); 'fp32' runs without autocast.
     """
     def autocast(x):
-        # fp32: autocast off, and no dtype named (torch 2.1's CPU autocast refuses float32)
-        low = dtype != 'fp32'
-        return torch.autocast(x.device.type, dtype=DTYPES[dtype] if low else None, enabled=low)
+        # fp32: no autocast region (torch 2.1's CPU autocast refuses float32; meta has none)
+        if dtype == 'fp32':
+            return contextlib.nullcontext()
+        return torch.autocast(x.device.type, dtype=DTYPES[dtype])
 
     if mode == 'infer':
         model.eval()

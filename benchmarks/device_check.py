@@ -5,7 +5,7 @@ run it on CPU): our backbone takes the generic path there (``ops/dispatch.py``),
 check that the path no CPU test can time is right and fast where it matters.
 """
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -53,20 +53,49 @@ def parity(device: str, arch: str = 'tiny', shape: Tuple[int, int] = (97, 131),
     return records
 
 
+def _launches(fn, x: torch.Tensor) -> Optional[int]:
+    """Kernels (and device copies) one step launches on a CUDA device, by the profiler;
+    None elsewhere."""
+    if x.device.type != 'cuda':
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(x)
+        _synchronize(x.device)
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def _aten_kernels(model: torch.nn.Module, mode: str, dtype: str, x: torch.Tensor) -> int:
+    """The device-independent count of ``benchmarks/work.py`` (aten operators that launch
+    work), on the meta device: what the same step dispatches on any device."""
+    import copy
+
+    from .work import count_kernels
+    meta = copy.deepcopy(model).to('meta')
+    return count_kernels(step_fn(meta, mode, dtype), torch.empty(x.shape, device='meta'))[0]
+
+
 def speed(device: str, cases: Sequence[Tuple[Tuple[int, int], int]], modes: Sequence[str],
-          dtypes: Sequence[str], arch: str = 'tiny', repeats: int = 10) -> List[dict]:
-    """Median ms per step of ours and mmdet's, interleaved, and peak device memory (CUDA)."""
+          dtypes: Sequence[str], arch: str = 'tiny', repeats: int = 10,
+          compiled: bool = False) -> List[dict]:
+    """Median ms per step of ours and mmdet's, interleaved, peak device memory and kernels
+    launched per step (CUDA), and the aten operators dispatched per step (any device).
+    ``compiled``: both models under ``torch.compile`` (mode '<mode>+compile')."""
     device = torch.device(device)
     stock, ours = (m.to(device) for m in build_pair(arch))
+    models = {'mmdet': stock, 'ours': ours}
+    if compiled:
+        models = {name: torch.compile(m) for name, m in models.items()}
     records = []
     for (shape, batch) in cases:
         x = torch.randn(batch, 3, *shape, device=device)
         for mode in modes:
             for dtype in dtypes:
-                record = dict(arch=arch, shape=list(shape), batch=batch, mode=mode, dtype=dtype)
+                record = dict(arch=arch, shape=list(shape), batch=batch,
+                              mode=mode + ('+compile' if compiled else ''), dtype=dtype)
                 times = {'mmdet': [], 'ours': []}
-                fns = {'mmdet': step_fn(stock, mode, dtype), 'ours': step_fn(ours, mode, dtype)}
-                for name, fn in fns.items():  # warm-up (kernel selection, caches)
+                fns = {name: step_fn(m, mode, dtype) for name, m in models.items()}
+                for name, fn in fns.items():  # warm-up (kernel selection, caches, compiling)
                     fn(x), fn(x)
                 for _ in range(repeats):
                     for name, fn in fns.items():
@@ -86,7 +115,12 @@ def speed(device: str, cases: Sequence[Tuple[Tuple[int, int], int]], modes: Sequ
                         fn(x)
                         record[f'{name}_peak_mb'] = (torch.cuda.max_memory_allocated(device)
                                                      - base) / 2**20
+                        record[f'{name}_launches'] = _launches(fn, x)
                     record['mem_ratio'] = record['ours_peak_mb'] / record['mmdet_peak_mb']
+                if not compiled and dtype == 'fp32':  # meta has no autocast
+                    for name in ('mmdet', 'ours'):
+                        record[f'{name}_aten_kernels'] = _aten_kernels(
+                            {'mmdet': stock, 'ours': ours}[name], mode, dtype, x)
                 records.append(record)
     return records
 

@@ -73,7 +73,7 @@ def _ratio(value: Optional[float], reference: Optional[float]) -> Optional[float
 
 def work_rows(record: dict, top: int = 2) -> List[dict]:
     """One row per side of a work record (mmdet, ours, ours_generic, then any other side):
-    product GFLOPs; MB moved outside the matrix products, MB kept for backward and allocator
+    kernels (aten operators that launch work) with their ratio to mmdet's; product GFLOPs; MB moved outside the matrix products, MB kept for backward and allocator
     peak MB, each with its ratio to mmdet's (None where either is missing); the ``top`` largest
     kinds of the bytes outside the products as (kind, MB)."""
     sides = record['sides']
@@ -83,7 +83,8 @@ def work_rows(record: dict, top: int = 2) -> List[dict]:
     for name in names:
         side = sides[name]
         row = dict(case=case_label(record), side=name,
-                   product_gflops=side['product_flops'] / 1e9)
+                   product_gflops=side['product_flops'] / 1e9, kernels=side.get('kernels'),
+                   kernels_ratio=_ratio(side.get('kernels'), ref.get('kernels')))
         for field, key in (('outside', 'bytes_outside'), ('saved', 'saved_bytes'),
                            ('peak', 'peak_bytes')):
             value = side.get(key)
@@ -114,11 +115,12 @@ def format_work(records: List[dict]) -> str:
     """Aligned text table of the work records' rows (as the report's work table)."""
     def num(value, fmt):
         return '-' if value is None else format(value, fmt)
-    rows = [['case', 'side', 'GFLOPs', 'MB outside', 'x mmdet', 'MB saved', 'x mmdet',
-             'MB peak', 'x mmdet', 'largest kinds (MB)']]
+    rows = [['case', 'side', 'kernels', 'x mmdet', 'GFLOPs', 'MB outside', 'x mmdet',
+             'MB saved', 'x mmdet', 'MB peak', 'x mmdet', 'largest kinds (MB)']]
     for record in records:
         for w in work_rows(record):
-            rows.append([w['case'], w['side'], f"{w['product_gflops']:.2f}",
+            rows.append([w['case'], w['side'], num(w['kernels'], 'd'),
+                         num(w['kernels_ratio'], '.2f'), f"{w['product_gflops']:.2f}",
                          num(w['outside_mb'], '.1f'), num(w['outside_ratio'], '.2f'),
                          num(w['saved_mb'], '.1f'), num(w['saved_ratio'], '.2f'),
                          num(w['peak_mb'], '.1f'), num(w['peak_ratio'], '.2f'),

@@ -128,15 +128,16 @@ def _table(records: List[dict]) -> List[str]:
 
 def work_table(records: List[dict]) -> List[str]:
     """The exact work counts: one row per (case, side), ratios to mmdet's side."""
-    lines = ['| case | side | product GFLOPs | MB outside products | x mmdet | '
-             'MB kept for backward | x mmdet | allocator peak MB | x mmdet | '
+    lines = ['| case | side | kernels | x mmdet | product GFLOPs | MB outside products | '
+             'x mmdet | MB kept for backward | x mmdet | allocator peak MB | x mmdet | '
              'largest kinds (MB) |',
-             '|---|---|---|---|---|---|---|---|---|---|']
+             '|---|---|---|---|---|---|---|---|---|---|---|---|']
     for record in records:
         for w in work_rows(record):
             largest = ', '.join(f'{kind}: {mb:.1f}' for kind, mb in w['largest']) or '-'
             lines.append(
-                f"| {w['case']} | {w['side']} | {w['product_gflops']:.2f} | "
+                f"| {w['case']} | {w['side']} | {_num(w['kernels'], 'd')} | "
+                f"{_num(w['kernels_ratio'], '.2f')} | {w['product_gflops']:.2f} | "
                 f"{_num(w['outside_mb'], '.1f')} | {_num(w['outside_ratio'], '.2f')} | "
                 f"{_num(w['saved_mb'], '.1f')} | {_num(w['saved_ratio'], '.2f')} | "
                 f"{_num(w['peak_mb'], '.1f')} | {_num(w['peak_ratio'], '.2f')} | {largest} |")
@@ -208,7 +209,8 @@ def performance_markdown(by_class: Dict[CpuClass, List[dict]], chart_dir: str = 
         if work:
             out += ['', f'### {WORK_TITLE}', '',
                     'Counted, not timed, so the same on any CPU (`tools/benchmark.py --work`): '
-                    'per side, the FLOPs of the matrix products, the bytes moved outside them '
+                    'per side, the aten kernels a step launches, the FLOPs of the matrix '
+                    'products, the bytes moved outside them '
                     '(the two largest kinds beside), the bytes kept for backward (train) and the '
                     'allocator peak; x mmdet is the ratio to mmdet\'s side; MB = 2^20 bytes.',
                     ''] + work_table(work)

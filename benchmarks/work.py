@@ -11,12 +11,15 @@ docs/analysis.md, "How the counter counts".
 """
 import contextlib
 from collections import Counter
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ['KINDS', 'WEIGHT_CASTS', 'WorkCounter', 'count_work', 'side_summary']
+__all__ = ['KINDS', 'WEIGHT_CASTS', 'WorkCounter', 'FusedAttentionCounts', 'count_kernels',
+           'count_work',
+           'side_summary']
 
 KINDS = ('cast/copy', 'bias prefill', 'norm', 'activation', 'attention',
          'window gather/scatter', 'residual/elementwise')
@@ -114,7 +117,11 @@ def _product_outside_bytes(name: str, args, kwargs, out) -> int:
 class WorkCounter(TorchDispatchMode):
     """Counts product FLOPs and bytes moved outside the products of every aten operator run
     inside it (forward and backward); ``swin_rpe::`` ops are counted through their Python
-    implementations. ``by_op`` keeps the bytes per operator name for profiles."""
+    implementations. ``by_op`` keeps the bytes per operator name for profiles.
+
+    ``kernels``: the aten operators that launch work (a product or a pass over memory; not a
+    view, an allocation or a registered op's own frame, whose aten calls count instead), what a
+    GPU pays a launch for each; ``kernels_by_op`` per operator name."""
 
     def __init__(self, skip_products: bool = False):
         super().__init__()
@@ -123,9 +130,19 @@ class WorkCounter(TorchDispatchMode):
         self.bytes_by_kind: Counter = Counter({kind: 0 for kind in KINDS})
         self.by_op: Counter = Counter()
         self.flops_by_op: Counter = Counter()
+        self.kernels = 0
+        self.kernels_by_op: Counter = Counter()
+
+    paused = False  # set by FusedAttentionCounts while a fused call runs uncounted
+
+    def count(self, name: str, kernels: int = 1) -> None:
+        self.kernels += kernels
+        self.kernels_by_op[name] += kernels
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
         if func.namespace == 'swin_rpe':
             from torch._library.custom_ops import OPDEFS
             opdef = OPDEFS[func._schema.name]
@@ -142,6 +159,9 @@ class WorkCounter(TorchDispatchMode):
             out = _unwritten(func, args, kwargs)
         else:
             out = func(*args, **kwargs)
+        if not (name in _NO_TRAFFIC or _is_view(func)):
+            self.kernels += 1
+            self.kernels_by_op[name] += 1
         if name == '_linear_pointwise' and func._overloadname == 'binary':
             # (x, other, weight, bias, attr): the epilogue reads ``other`` as it writes
             flops = _product_flops(name, (args[0], *args[2:]), out)
@@ -262,6 +282,85 @@ def _allocator_peak(prof) -> int:
     return peak
 
 
+class _FusedAttention(torch.autograd.Function):
+    """SDPA run uncounted and counted as the aten ops a CUDA device dispatches for it: the
+    memory-efficient kernel (the one that takes an additive mask), after a pad of a mask whose
+    rows are not 8-aligned (N = 49), and its backward kernel, then the sum of the mask's
+    gradient over the batch it was broadcast over. The CPU and meta devices run SDPA with a
+    mask that requires grad as its math path (~13 aten ops a call, forward and backward)."""
+
+    @staticmethod
+    def forward(ctx, mode, kwargs, q, k, v, mask):
+        with mode.uncounted():
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                   **kwargs)
+        mode.counter.count('_scaled_dot_product_efficient_attention')
+        if mask is not None and mask.shape[-1] % 8:
+            mode.counter.count('constant_pad_nd')
+        ctx.mode, ctx.kwargs = mode, kwargs
+        ctx.save_for_backward(q, k, v, mask)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, mask = ctx.saved_tensors
+        leaves = [None if t is None else t.detach().requires_grad_(need)
+                  for t, need in zip((q, k, v, mask), ctx.needs_input_grad[2:])]
+        wanted = [t for t in leaves if t is not None and t.requires_grad]
+        with ctx.mode.uncounted(), torch.enable_grad():
+            out = torch.nn.functional.scaled_dot_product_attention(
+                *leaves[:3], attn_mask=leaves[3], **ctx.kwargs)
+            grads = iter(torch.autograd.grad(out, wanted, grad))
+        ctx.mode.counter.count('_scaled_dot_product_efficient_attention_backward')
+        if mask is not None and ctx.needs_input_grad[5] and mask.shape[0] < q.shape[0]:
+            ctx.mode.counter.count('sum')
+        return (None, None, *[next(grads) if t is not None and t.requires_grad else None
+                              for t in leaves])
+
+
+class FusedAttentionCounts(TorchFunctionMode):
+    """Inside a :class:`WorkCounter`: every ``F.scaled_dot_product_attention`` call counted
+    as the fused call a GPU makes (:class:`_FusedAttention`), whatever this device runs."""
+
+    def __init__(self, counter: WorkCounter):
+        super().__init__()
+        self.counter = counter
+        self._off = False
+
+    @contextlib.contextmanager
+    def uncounted(self):
+        previous = self._off, self.counter.paused
+        self._off = self.counter.paused = True
+        try:
+            yield
+        finally:
+            self._off, self.counter.paused = previous
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is not torch.nn.functional.scaled_dot_product_attention or self._off:
+            return func(*args, **kwargs)
+        q, k, v = args[:3]
+        mask = kwargs.pop('attn_mask', args[3] if len(args) > 3 else None)
+        kwargs.update(zip(('dropout_p', 'is_causal', 'scale'), args[4:]))
+        return _FusedAttention.apply(self, kwargs, q, k, v, mask)
+
+
+def count_kernels(step: Callable, x, fused_attention: bool = True
+                  ) -> Tuple[int, Dict[str, int]]:
+    """(kernels, kernels per operator name) of ``step(x)`` after one warm-up call: the aten
+    operators that launch work (:class:`WorkCounter`), products' arithmetic skipped. On the
+    ``meta`` device (shapes, no data) it counts the same ops as any device, at any input size,
+    in a moment. ``fused_attention``: SDPA counted as a GPU's fused call
+    (:class:`FusedAttentionCounts`), not as this device's math path."""
+    step(x)  # warm-up: window plans built and cached, as on a device after the first step
+    counter = WorkCounter(skip_products=True)
+    with counter, (FusedAttentionCounts(counter) if fused_attention
+                   else contextlib.nullcontext()):
+        step(x)
+    return counter.kernels, dict(counter.kernels_by_op.most_common())
+
+
 def count_work(step: Callable, x, model: Optional[torch.nn.Module] = None,
                backward: bool = False, skip_products: bool = True) -> dict:
     """Exact work of ``step(x)``, after one warm-up call (counted and dropped), at one thread.
@@ -297,7 +396,8 @@ def count_work(step: Callable, x, model: Optional[torch.nn.Module] = None,
     saved_by: Counter = Counter()
     for nbytes, maker in saved.values():
         saved_by[maker] += nbytes
-    return dict(product_flops=counter.product_flops, bytes_outside=sum(by_kind.values()),
+    return dict(kernels=counter.kernels, kernels_by_op=dict(counter.kernels_by_op.most_common()),
+                product_flops=counter.product_flops, bytes_outside=sum(by_kind.values()),
                 bytes_by_kind=by_kind,
                 saved_bytes=sum(saved_by.values()) if backward else None,
                 saved_weight_cast_bytes=saved_by.get(WEIGHT_CASTS, 0) if backward else None,
@@ -307,5 +407,5 @@ def count_work(step: Callable, x, model: Optional[torch.nn.Module] = None,
 
 def side_summary(work: dict) -> dict:
     """The JSON fields of one side (the per-operator and per-producer profiles dropped)."""
-    return {k: v for k, v in work.items() if k not in ('by_op', 'saved_by')}
+    return {k: v for k, v in work.items() if k not in ('by_op', 'saved_by', 'kernels_by_op')}
 

@@ -202,11 +202,28 @@ _HAS_DEVICE_AUTOCAST = (hasattr(torch, 'get_autocast_dtype') and TORCH_VERSION >
                         and hasattr(torch.amp, 'is_autocast_available'))
 
 
-def autocast_available(device_type: str) -> bool:
-    """Whether ``device_type`` has autocast at all (``meta`` has none: asking it raises)."""
+def _ask_autocast_available(device_type: str) -> bool:
     if _HAS_DEVICE_AUTOCAST:
-        return torch.amp.is_autocast_available(device_type)
+        try:
+            return torch.amp.is_autocast_available(device_type)
+        except RuntimeError:  # a device type this torch does not know
+            return False
     return device_type in ('cpu', 'cuda')  # what torch 2.1-2.3 autocast covers in core
+
+
+# Read once per device type: it cannot change within a process, and dynamo cannot trace the
+# query on every torch (2.11 breaks the graph on torch._C._is_autocast_available in forward).
+_AUTOCAST_AVAILABLE = {device: _ask_autocast_available(device) for device in
+                       ('cpu', 'cuda', 'meta', 'xpu', 'mps', 'hpu', 'mtia', 'privateuseone')}
+
+
+def autocast_available(device_type: str) -> bool:
+    """Whether ``device_type`` has autocast at all (``meta`` has none: asking it raises).
+    Answered from a table read at import (another device type is asked once, then kept)."""
+    known = _AUTOCAST_AVAILABLE.get(device_type)
+    if known is None:
+        known = _AUTOCAST_AVAILABLE[device_type] = _ask_autocast_available(device_type)
+    return known
 
 
 def autocast_enabled(device_type: str) -> bool:

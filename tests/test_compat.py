@@ -55,6 +55,32 @@ def test_autocast_queries_agree_with_autocast_itself(monkeypatch, device_form):
         pass
 
 
+def test_forward_never_asks_torch_whether_a_device_has_autocast(monkeypatch):
+    """Whether a device has autocast cannot change within a process, so it is read once (at
+    import) and forward only looks it up: dynamo on torch 2.11 breaks its graph on
+    ``torch._C._is_autocast_available`` in every block. Here our query and torch's public one
+    raise (``torch.autocast`` itself asks the private one as it is entered, outside our
+    code; dynamo does not trace into it), and a train step of both paths, with and without
+    autocast, still runs."""
+    from swin_rpe_plugin import SwinTransformer
+    from swin_rpe_plugin.ops.dispatch import force_backend
+
+    def refuse(*args, **kwargs):
+        raise AssertionError('forward asked torch whether a device has autocast')
+
+    model = SwinTransformer(embed_dims=16, depths=(2, ), num_heads=(1, ), strides=(4, ),
+                            out_indices=(0, ), window_size=4).train()
+    x = torch.randn(2, 3, 37, 45)
+    monkeypatch.setattr(compat, '_ask_autocast_available', refuse)
+    if hasattr(torch.amp, 'is_autocast_available'):
+        monkeypatch.setattr(torch.amp, 'is_autocast_available', refuse)
+    for backend in ('auto', 'generic'):
+        for enabled in (False, True):
+            with force_backend(backend), torch.autocast('cpu', torch.bfloat16, enabled=enabled):
+                out = model(x)[0]
+            out.float().sum().backward()
+
+
 def test_softmax_backward_fallback_matches_autograd(monkeypatch):
     logits = torch.randn(3, 5, 7, dtype=torch.float64, requires_grad=True)
     p = torch.softmax(logits, -1)

@@ -1,15 +1,17 @@
 """Window attention with an additive bias: fused (SDPA) and explicit paths, one signature.
 
-Fused paths: the CPU fast path and the generic path of every other device (``dispatch.py``) both
-split each image's windows into unmasked ones (one SDPA call, the broadcast bias) and masked
-ones (one call, bias + mask [nM, heads, N, N]), and without dropout both run the registered op
-``swin_rpe::window_attention`` (``swin_rpe::window_attention_qkv`` for the packed qkv of Swin
-V1), whose backward recomputes the attention per chunk of an image's windows from q, k, v, bias
-and mask (``window_products.py``). They differ only in the dtype bias + mask is passed in
-(below). The rule for bf16 backward products (``window_products.NATIVE_PRODUCTS``) describes
-this CPU, so it applies to CPU tensors on either path; other devices run the backward products
-in the forward's dtype. Under tracers and compilers the generic path is one SDPA call with the
-windows folded into the heads; under torch.export, the explicit path.
+The generic path (every device but the CPU fast path's, ``dispatch.py``) is one SDPA call per
+layer for all windows of all images, bias (+ mask) broadcast, autograd through SDPA's own fused
+backward: no loop, no registered op, the same ops in eager mode and under tracers and compilers
+(:func:`_generic`). On a GPU each kernel launch costs host time whatever its size, so the
+number of calls, not bytes, is what that path minimises (docs/performance.md).
+
+The CPU fast path splits each image's windows into unmasked ones (one SDPA call, the broadcast
+bias) and masked ones (one call, bias + mask [nM, heads, N, N]); without dropout it is the
+registered op ``swin_rpe::window_attention`` (``swin_rpe::window_attention_qkv`` for the packed
+qkv of Swin V1), whose backward recomputes the attention per chunk of an image's windows from
+q, k, v, bias and mask (``window_products.py``), so that chunk stays in the CPU's caches. Under
+torch.export, the explicit path.
 
 Precision: the bias, the masks and their sum stay float32 (the CPU flash kernel takes a float32
 mask next to bf16 q, k, v; the generic path casts the summed mask to the kernels' dtype only at
@@ -24,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..compat import SDPA_TAKES_FLOAT_MASK, TRACED_SDPA_EXPORTS, custom_op, is_exporting
+from ..compat import (SDPA_TAKES_FLOAT_MASK, TRACED_SDPA_EXPORTS, WeakIdKeyDictionary,
+                      custom_op, is_exporting)
 from .dispatch import (autocast_context, choose_kernel, compute_dtype, is_tracing,
                        use_cpu_fast_paths)
 from .window_products import (attention_backward_op, attention_qkv_backward_op,
@@ -122,8 +125,10 @@ def window_attention_qkv(qkv: Tensor, heads: int, bias: Tensor, mask: Optional[T
     it is :func:`window_attention` of :func:`split_qkv`'s views.
     """
     cpu_path = use_cpu_fast_paths(qkv)
-    if (not fused or dropout_p > 0 or (not cpu_path and is_tracing(qkv))
-            or torch.jit.is_tracing() or is_exporting() or not qkv.is_contiguous()):
+    if fused and not cpu_path and not is_exporting() and not torch.jit.is_tracing():
+        return _generic_qkv(qkv, heads, bias, mask, scale, dropout_p, windows_per_image)
+    if (not fused or dropout_p > 0 or not cpu_path or torch.jit.is_tracing()
+            or is_exporting() or not qkv.is_contiguous()):
         q, k, v = split_qkv(qkv, heads)
         return window_attention(q, k, v, bias, mask, scale, dropout_p, fused, windows_per_image)
     bw, n, c3 = qkv.shape
@@ -138,7 +143,7 @@ def window_attention_qkv(qkv: Tensor, heads: int, bias: Tensor, mask: Optional[T
     # Autocast off around the op, as in window_attention: qkv is cast to its dtype here.
     qkv = qkv.to(compute_dtype(qkv))
     with autocast_context(qkv.device.type):
-        return _attention_qkv_op(qkv, heads, bias, mask, scale, nw, not cpu_path)
+        return _attention_qkv_op(qkv, heads, bias, mask, scale, nw)
 
 
 def _check_shapes(q_shape, bias: Tensor, mask: Optional[Tensor], nw: int) -> None:
@@ -153,62 +158,79 @@ def _check_shapes(q_shape, bias: Tensor, mask: Optional[Tensor], nw: int) -> Non
 
 def _generic(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor], scale: float,
              dropout_p: float, nw: int) -> Tensor:
-    """The standard path (every device but the CPU fast paths'; see dispatch.py).
+    """The path of every device but the CPU fast paths' (dispatch.py): one SDPA call for all
+    windows of all images, autograd through SDPA's own backward (each device's fused kernels).
 
-    Eager, as lean as the CPU path: the same split of :func:`_fused` (per image, one SDPA call
-    for the unmasked windows with the broadcast [1, heads, N, N] bias and one for the masked
-    ones with their [nM, heads, N, N] bias + mask), so bias + mask is never materialised for
-    every window of every image, and each device runs its own SDPA kernels. Without dropout
-    it is the registered op (forward those calls, backward recomputed per chunk of windows, pure
-    PyTorch), so backward keeps only q, k, v, bias and mask: no attention matrix, no SDPA
-    output or logsumexp. With dropout the random mask is drawn inside SDPA and cannot be
-    replayed, so autograd runs through the same SDPA calls and keeps what their kernels
-    keep. Under tracers and compilers: :func:`_one_call`.
-    """
-    if is_tracing(q):
-        return _one_call(q, k, v, bias, mask, scale, dropout_p, nw)
-    # Autocast is off below (it would cast bias + mask, and it does not reach the op's
-    # backward), so q, k and v are cast to its dtype here, as on the CPU path; devices without
-    # autocast (meta) have nothing to switch off.
-    dtype = compute_dtype(q)
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    with autocast_context(q.device.type):
-        if dropout_p == 0:
-            return _attention_op(q, k, v, bias, mask, scale, nw, True)
-        return _fused(q, k, v, bias, mask, scale, dropout_p, nw, mask_like_q=True)
-
-
-def _one_call(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
-              scale: float, dropout_p: float, nw: int) -> Tensor:
-    """One standard SDPA call, no loop and no branch on sizes (tracers, compilers).
-
-    Windows are folded into the heads ([B, nW * heads, N, head_dim]), so the 4-D kernels take
-    bias + mask as [1, nW * heads, N, N] (or [B, ...] for one mask per image), broadcast over
-    the batch: per window, never per window and image. Traceable plans mask every window,
-    so nothing is lost by not splitting off the unmasked ones. The float32 sum is cast to the
-    products' dtype at the call (autocast casts q, k, v there)."""
+    No shifted mask: [B * nW, heads, N, d] as they are, the bias [1, heads, N, N] broadcast
+    over every window. With one: windows folded into the heads ([B, nW * heads, N, d]), so
+    bias + mask is [1, nW * heads, N, N] (or [B, ...] for one mask per image) broadcast over
+    the batch: made per window, never per window and image. The float32 sum is cast to the
+    products' dtype at the call (autocast casts q, k, v there). No loop, no branch on sizes:
+    eager, tracers and compilers run the same ops."""
     bw, heads, n, head_dim = q.shape
     dtype = compute_dtype(q)
     if mask is None:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(0).to(dtype),
                                              dropout_p=dropout_p, scale=scale)
         return out.transpose(1, 2).reshape(bw, n, heads * head_dim)
-    full = _every_window(mask, nw, q)  # [B or 1, nW, N, N]
-    attn_mask = (full.unsqueeze(2) + bias).reshape(full.shape[0], -1, n, n)
     folded = [t.reshape(-1, nw * heads, n, head_dim) for t in (q, k, v)]
-    out = F.scaled_dot_product_attention(*folded, attn_mask=attn_mask.to(dtype),
-                                         dropout_p=dropout_p, scale=scale)
-    return out.reshape(bw, heads, n, head_dim).transpose(1, 2).reshape(bw, n, heads * head_dim)
+    return _folded_attention(*folded, bias, mask, scale, dropout_p, nw, dtype)
+
+
+def _generic_qkv(qkv: Tensor, heads: int, bias: Tensor, mask: Optional[Tensor],
+                 scale: Optional[float], dropout_p: float, nw: Optional[int]) -> Tensor:
+    """:func:`_generic` of a packed qkv projection output [B * nW, N, 3C]: q, k and v are
+    views of it without a mask, and with one a single copy folds all three at once."""
+    bw, n, c3 = qkv.shape
+    head_dim = c3 // 3 // heads
+    scale = head_dim ** -0.5 if scale is None else scale
+    if mask is None:
+        q, k, v = qkv_views(qkv, heads)
+        return _generic(q, k, v, bias, None, scale, dropout_p, bw)
+    nw = mask.shape[-3] if nw is None else nw
+    if not is_tracing(qkv):
+        _check_shapes((bw, heads, n, head_dim), bias, mask, nw)
+    # [B, nW, N, 3, heads, d] -> [3, B, nW * heads, N, d]: one copy for q, k and v
+    folded = qkv.view(-1, nw, n, 3, heads, head_dim).permute(3, 0, 1, 4, 2, 5)
+    q, k, v = folded.reshape(3, -1, nw * heads, n, head_dim).unbind(0)
+    out = _folded_attention(q, k, v, bias, mask, scale, dropout_p, nw, compute_dtype(qkv))
+    return out
+
+
+def _folded_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor,
+                      scale: float, dropout_p: float, nw: int, dtype: torch.dtype) -> Tensor:
+    """SDPA of q, k, v [B, nW * heads, N, d] under bias + mask; [B * nW, N, heads * d]."""
+    b, nh, n, head_dim = q.shape
+    heads = nh // nw
+    full = _every_window(mask, nw, q)  # [B or 1, nW, N, N]
+    attn_mask = (full.unsqueeze(2) + bias).reshape(full.shape[0], nh, n, n).to(dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                         scale=scale)
+    return out.view(-1, heads, n, head_dim).transpose(1, 2).reshape(-1, n, heads * head_dim)
 
 
 def _every_window(mask: Tensor, nw: int, like: Tensor) -> Tensor:
-    """[B or 1, nW, N, N] from a mask of the last nM windows ([nM, N, N] or [B, nM, N, N])."""
+    """[B or 1, nW, N, N] from a mask of the last nM windows ([nM, N, N] or [B, nM, N, N]).
+
+    Unmasked windows come first in plan order: zeros in front of the nM masks, made once
+    per mask in eager mode (plans are cached, so once per plan); under tracers padded by 0 in
+    the graph (traceable plans mask every window: no branch on sizes)."""
     full = mask if mask.dim() == 4 else mask.unsqueeze(0)
-    # Unmasked windows come first in plan order: zeros in front of the nM masks (padding by 0
-    # under tracers, whose traceable plans mask every window: no branch on sizes).
-    if is_tracing(like) or full.shape[1] != nw:
-        full = F.pad(full, (0, 0, 0, 0, nw - full.shape[1], 0))
+    if is_tracing(like):
+        return F.pad(full, (0, 0, 0, 0, nw - full.shape[1], 0))
+    if full.shape[1] == nw:
+        return full
+    version = None if mask.is_inference() else mask._version
+    cached = _EVERY_WINDOW.get(mask)
+    if cached is not None and version is not None and cached[0] == (version, nw):
+        return cached[1]
+    full = F.pad(full, (0, 0, 0, 0, nw - full.shape[1], 0))
+    if version is not None:
+        _EVERY_WINDOW[mask] = ((version, nw), full)
     return full
+
+
+_EVERY_WINDOW = WeakIdKeyDictionary()  # mask -> ((its version, nW), the mask of every window)
 
 
 def _cpu_fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
@@ -223,14 +245,14 @@ def _cpu_fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Ten
 
 
 def _fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor], scale: float,
-           dropout_p: float, nw: int, mask_like_q: bool = False) -> Tensor:
+           dropout_p: float, nw: int) -> Tensor:
     bw, heads, n, head_dim = q.shape
     # The CPU flash kernel of SDPA takes 4-D inputs and a 4-D mask that broadcasts over the
     # batch ([1, heads, N, N]) or matches it; other shapes fall back to the slower math path.
     # So unmasked windows run in one call with the broadcast bias, and the masked windows of
     # each image in one call with their [nM, heads, N, N] bias + mask: the combined mask is
     # never materialised for every window of every image.
-    mask_dtype = _mask_dtype(q, mask_like_q)
+    mask_dtype = _mask_dtype(q)
     if mask is None:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(0).to(mask_dtype),
                                              dropout_p=dropout_p, scale=scale)
@@ -251,10 +273,9 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor]
     return torch.cat(parts).reshape(bw, n, heads * head_dim)
 
 
-def _mask_dtype(q: Tensor, like_q: bool = False) -> torch.dtype:
-    """float32 next to bf16/fp16 queries (the CPU flash kernel takes it), else q's dtype;
-    q's dtype always with ``like_q`` (the generic path: what every device's kernels take)."""
-    if like_q or q.dtype not in (torch.bfloat16, torch.float16) or not SDPA_TAKES_FLOAT_MASK:
+def _mask_dtype(q: Tensor) -> torch.dtype:
+    """float32 next to bf16/fp16 queries (the CPU flash kernel takes it), else q's dtype."""
+    if q.dtype not in (torch.bfloat16, torch.float16) or not SDPA_TAKES_FLOAT_MASK:
         return q.dtype
     return torch.float32
 
@@ -280,30 +301,27 @@ def _explicit(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tens
 
 @custom_op('swin_rpe::window_attention', mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
-                  scale: float, nw: int, mask_like_q: bool = False) -> Tensor:
-    """Forward of :func:`_fused` (no dropout; each device's own SDPA kernels on the generic
-    path), or on the CPU path, where the kernel rule names 'explicit' for q's dtype
-    (``dispatch.choose_kernel('attention', ...)``), :func:`explicit_per_image`; backward:
-    :func:`attention_backward_op`. ``mask_like_q``: the generic path (bias + mask in q's
-    dtype, every device's kernels) instead of the CPU path (float32 next to bf16/fp16 q, as
-    the CPU flash kernel takes it)."""
+                  scale: float, nw: int) -> Tensor:
+    """The CPU path's attention: forward :func:`_fused` (no dropout), or where the kernel rule
+    names 'explicit' for q's dtype (``dispatch.choose_kernel('attention', ...)``),
+    :func:`explicit_per_image`; backward :func:`attention_backward_op`."""
     # The registered backward gives the gradients, so the kernels get detached inputs: a view
     # of the bias parameter still requires grad inside the op, and SDPA then leaves every
     # kernel but its math path (which materialises each attention matrix) for the unmasked
     # windows' broadcast bias, in training on every device.
     return _attention_forward(q.detach(), k.detach(), v.detach(), bias.detach(), mask, scale,
-                              nw, mask_like_q)
+                              nw)
 
 
 def _attention_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
-                       scale: float, nw: int, mask_like_q: bool) -> Tensor:
-    if not mask_like_q and choose_kernel('attention', q.device.type, q.dtype) == 'explicit':
+                       scale: float, nw: int) -> Tensor:
+    if choose_kernel('attention', q.device.type, q.dtype) == 'explicit':
         return explicit_per_image(q, k, v, bias, mask, scale, nw)
-    return _fused(q, k, v, bias, mask, scale, 0.0, nw, mask_like_q)
+    return _fused(q, k, v, bias, mask, scale, 0.0, nw)
 
 
 @_attention_op.register_fake
-def _(q, k, v, bias, mask, scale, nw, mask_like_q=False):
+def _(q, k, v, bias, mask, scale, nw):
     bw, heads, n, head_dim = q.shape
     return q.new_empty((bw, n, heads * head_dim))
 
@@ -318,7 +336,7 @@ def _attention_backward(ctx, grad_out: Tensor):
     q, k, v, bias, mask = ctx.saved_tensors
     dq, dk, dv, dbias = attention_backward_op(grad_out.contiguous(), q, k, v, bias, mask,
                                                ctx.scale, ctx.nw)
-    return dq, dk, dv, dbias, None, None, None, None
+    return dq, dk, dv, dbias, None, None, None
 
 
 _attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
@@ -326,17 +344,17 @@ _attention_op.register_autograd(_attention_backward, setup_context=_attention_se
 
 @custom_op('swin_rpe::window_attention_qkv', mutates_args=())
 def _attention_qkv_op(qkv: Tensor, heads: int, bias: Tensor, mask: Optional[Tensor],
-                      scale: float, nw: int, mask_like_q: bool = False) -> Tensor:
+                      scale: float, nw: int) -> Tensor:
     """:func:`_attention_op` of the q, k, v packed in one qkv projection output [B * nW, N,
     3C] (dense); its backward (:func:`attention_qkv_backward_op`) writes the gradient of qkv
     in that layout, where the attention on q, k, v views leaves three gradients for autograd
     to copy into it (``_SplitQKV``)."""
     return _attention_forward(*qkv_views(qkv.detach(), heads), bias.detach(), mask, scale,
-                              nw, mask_like_q)
+                              nw)
 
 
 @_attention_qkv_op.register_fake
-def _(qkv, heads, bias, mask, scale, nw, mask_like_q=False):
+def _(qkv, heads, bias, mask, scale, nw):
     bw, n, c3 = qkv.shape
     return qkv.new_empty((bw, n, c3 // 3))
 
@@ -351,7 +369,7 @@ def _attention_qkv_backward(ctx, grad_out: Tensor):
     qkv, bias, mask = ctx.saved_tensors
     dqkv, dbias = attention_qkv_backward_op(grad_out.contiguous(), qkv, ctx.heads, bias, mask,
                                              ctx.scale, ctx.nw)
-    return dqkv, None, dbias, None, None, None, None
+    return dqkv, None, dbias, None, None, None
 
 
 _attention_qkv_op.register_autograd(_attention_qkv_backward, setup_context=_attention_qkv_setup)

@@ -1,21 +1,18 @@
 """The one dispatch point between the CPU fast paths and standard PyTorch.
 
 The fast paths (oneDNN linears, the CPU flash attention split into unmasked and masked windows,
-the attention backward recomputed per chunk of windows) are written for CPU and registered as
-torch.library ops, so eager and torch.compile run the same kernels. Everywhere else (CUDA, any
-other device) the core runs the generic path: ``F.linear``, and attention split the same way
-(per image, one ``F.scaled_dot_product_attention`` call for the unmasked windows with the
-broadcast bias, one for the masked windows with their bias + mask), so each device picks its own
-SDPA kernels and bias + mask is never materialised per window and image. Without dropout that
-attention is the same registered op, whose backward recomputes the attention matrices per chunk
-of windows in plain PyTorch on the device: backward keeps q, k, v, bias and mask only. With
-dropout autograd runs through the SDPA calls. Nothing on it is CPU-specific: autocast is
-switched only where the device has it, window plans are built on the CPU and moved to the device
-once (ops/plan.py), and the CPU's rule for bf16 backward products
-(``window_products.NATIVE_PRODUCTS``) applies to the CPU alone; ``tests/ops/test_meta_device.py``
-runs it forward and backward on ``meta``. Tracers and ``torch.compile`` on the generic path see
-plain ops: one SDPA call with windows folded into the heads; exporters the explicit matmul +
-softmax (``attention.py``).
+the attention backward recomputed per chunk of windows) are written for a CPU's caches and
+registered as torch.library ops, so eager and torch.compile run the same kernels. Everywhere
+else (CUDA, any other device) the core runs the generic path, designed for GPUs, where each
+kernel launch costs host time whatever its size: ``F.linear``, and one
+``F.scaled_dot_product_attention`` call per layer for all windows of all images (bias + mask
+broadcast, never materialised per window and image), with SDPA's own autograd, so each device
+picks its own fused kernels forward and backward. No loop on it grows with the batch, the
+windows or the image, and eager, tracers and compilers run the same ops (``attention.py``).
+Nothing on it is CPU-specific: autocast is switched only where the device has it, window plans
+are built on the CPU and moved to the device once (ops/plan.py);
+``tests/ops/test_meta_device.py`` runs it forward and backward on ``meta``, and
+``tests/benchmarks/test_kernel_budgets.py`` counts the kernels it launches there.
 
 ``SWIN_RPE_BACKEND=generic`` (or :func:`force_backend`) sends CPU through the generic path
 too; tests use it to run the path other devices take. ``auto`` (the default) chooses by device.

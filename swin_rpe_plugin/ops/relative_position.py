@@ -12,7 +12,7 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from ..compat import is_compiling
+from ..compat import WeakIdKeyDictionary, is_compiling
 
 __all__ = ['to_window_tuple', 'relative_position_index', 'gather_relative_position_bias',
            'resize_relative_position_bias_table',
@@ -75,14 +75,28 @@ def gather_relative_position_bias(table: Tensor, index: Tensor) -> Tensor:
     """
     if table.dim() != 2:
         raise ValueError(f'table must be 2-D [rows, heads], got shape {tuple(table.shape)}')
-    # On the CPU only: elsewhere reading the max is a host sync per call (impossible on meta),
-    # and an index past the table fails in the gather below anyway.
+    # On the CPU only (elsewhere reading the max is a host sync, impossible on meta, and an
+    # index past the table fails in the gather below anyway), once per index and version.
     if (not is_compiling() and not torch.jit.is_tracing() and index.numel()
-            and index.device.type == 'cpu' and int(index.max()) >= table.shape[0]):
-        raise ValueError(f'index refers to row {int(index.max())} but table has '
+            and index.device.type == 'cpu' and _index_rows(index) > table.shape[0]):
+        raise ValueError(f'index refers to row {_index_rows(index) - 1} but table has '
                          f'{table.shape[0]} rows: window and table do not match')
     n = index.shape[0]
     return table[index.reshape(-1)].reshape(n, n, -1).permute(2, 0, 1).contiguous()
+
+
+def _index_rows(index: Tensor) -> int:
+    """1 + the largest row an index refers to, read once per index tensor and version."""
+    version = None if index.is_inference() else index._version
+    cached = _INDEX_ROWS.get(index)
+    if cached is None or version is None or cached[0] != version:
+        cached = (version, int(index.max()) + 1)
+        if version is not None:
+            _INDEX_ROWS[index] = cached
+    return cached[1]
+
+
+_INDEX_ROWS = WeakIdKeyDictionary()  # index -> (its version, 1 + its largest row)
 
 
 def resize_relative_position_bias_table(table: Tensor, old_window, new_window,

@@ -123,16 +123,16 @@ def test_run_table_says_how_each_timing_process_allocated(tmp_path):
 def _work_record():
     """Numbers chosen so every ratio is exact: ours moves half of mmdet's bytes, keeps a quarter
     for backward and peaks at three quarters; the generic path has no peak recorded."""
-    def side(flops, outside, saved, peak, kinds):
-        return dict(product_flops=flops, bytes_outside=outside, bytes_by_kind=kinds,
-                    saved_bytes=saved, peak_bytes=peak)
+    def side(kernels, flops, outside, saved, peak, kinds):
+        return dict(kernels=kernels, product_flops=flops, bytes_outside=outside,
+                    bytes_by_kind=kinds, saved_bytes=saved, peak_bytes=peak)
     return dict(kind='work', arch='tiny', shape=[224, 224], batch=1, mode='train', dtype='bf16',
-                sides={'ours_generic': side(9 * 10 ** 9, 300 * MB, 100 * MB, None,
+                sides={'ours_generic': side(800, 9 * 10 ** 9, 300 * MB, 100 * MB, None,
                                             {'attention': 200 * MB, 'norm': 100 * MB}),
-                       'mmdet': side(9 * 10 ** 9, 400 * MB, 200 * MB, 800 * MB,
+                       'mmdet': side(1000, 9 * 10 ** 9, 400 * MB, 200 * MB, 800 * MB,
                                      {'attention': 150 * MB, 'cast/copy': 200 * MB,
                                       'norm': 50 * MB}),
-                       'ours': side(9 * 10 ** 9, 200 * MB, 50 * MB, 600 * MB,
+                       'ours': side(500, 9 * 10 ** 9, 200 * MB, 50 * MB, 600 * MB,
                                     {'cast/copy': 20 * MB, 'window gather/scatter': 80 * MB,
                                      'bias prefill': 0, 'attention': 100 * MB})})
 
@@ -143,6 +143,7 @@ def test_work_rows_and_their_ratios_to_mmdet():
     mmdet, ours, generic = rows
     assert {r['case'] for r in rows} == {'tiny 224x224 b1 train bf16'}
     assert all(r['product_gflops'] == 9.0 for r in rows)
+    assert (mmdet['kernels'], ours['kernels_ratio'], generic['kernels_ratio']) == (1000, 0.5, 0.8)
     assert (mmdet['outside_mb'], mmdet['outside_ratio']) == (400, 1.0)
     assert (ours['outside_mb'], ours['outside_ratio']) == (200, 0.5)
     assert (ours['saved_mb'], ours['saved_ratio']) == (50, 0.25)
@@ -158,8 +159,8 @@ def test_work_rows_and_their_ratios_to_mmdet():
     assert all(r['saved_mb'] is None and r['saved_ratio'] is None for r in work_rows(infer))
     lines = format_work([_work_record()]).splitlines()
     assert len(lines) == 5 and lines[3].split(' | ')[1].strip() == 'ours'
-    assert [c.strip() for c in lines[3].split(' | ')[2:9]] == [
-        '9.00', '200.0', '0.50', '50.0', '0.25', '600.0', '0.75']
+    assert [c.strip() for c in lines[3].split(' | ')[2:11]] == [
+        '500', '0.50', '9.00', '200.0', '0.50', '50.0', '0.25', '600.0', '0.75']
 
 
 def test_report_takes_work_records_beside_timed_ones(tmp_path):
@@ -175,10 +176,11 @@ def test_report_takes_work_records_beside_timed_ones(tmp_path):
             if line.startswith('| tiny 224x224 b1 train bf16 |')]
     assert [r[1] for r in rows] == ['mmdet', 'ours', 'ours_generic']
     mmdet, ours, generic = rows
-    assert mmdet[2:9] == ['9.00', '400.0', '1.00', '200.0', '1.00', '800.0', '1.00']
-    assert ours[2:9] == ['9.00', '200.0', '0.50', '50.0', '0.25', '600.0', '0.75']
-    assert generic[7:9] == ['-', '-']
-    assert ours[9] == 'attention: 100.0, window gather/scatter: 80.0 |'
+    assert mmdet[2:11] == ['1000', '1.00', '9.00', '400.0', '1.00', '200.0', '1.00', '800.0',
+                           '1.00']
+    assert ours[2:11] == ['500', '0.50', '9.00', '200.0', '0.50', '50.0', '0.25', '600.0', '0.75']
+    assert generic[9:11] == ['-', '-']
+    assert ours[11] == 'attention: 100.0, window gather/scatter: 80.0 |'
     backbone = doc.split('### Backbone', 1)[1].split('###', 1)[0]
     assert '224x224' not in backbone and doc.count('224x224') == 3
     readme = (tmp_path / 'README.md').read_text()

@@ -7,7 +7,11 @@ every CPU can run (MKL linears, fc1 + GELU by each library in float32, SDPA's fl
 attention forward, the bf16 attention backward in bf16 as on CPUs with native bf16), so the
 counts are the same wherever the suite runs.
 ``BUDGETS`` holds our counts as measured when they were set: lower them when a change saves
-bytes; raising one needs a reason in the commit. The ratio targets of issue 25 that are met
+bytes; raising one needs a reason in the commit. The generic path's were raised when it became
+one SDPA call per layer (issue 44): a copy of qkv folds the windows of a shifted block into the
+heads, bias + mask is summed per window, and SDPA's own autograd keeps what the device's kernel
+keeps (on the CPU its math path: the probabilities), trading bytes for launches, which are what
+a GPU pays for (tests/benchmarks/test_kernel_budgets.py). The ratio targets of issue 25 that are met
 are held below as ratios against mmdet's counts of the same run.
 """
 import pytest
@@ -26,15 +30,15 @@ CASES = [('infer', 'fp32', 'onednn'), ('infer', 'fp32', 'mkl'), ('train', 'fp32'
 # is sized by the instruction set of the kernel it picks, so the peak would depend on the CPU.
 BUDGETS = {
     ('infer', 'fp32', 'onednn'): {'ours': (150_605_316, None, None),
-                                  'ours_generic': (242_196_996, None, 9_633_792)},
+                                  'ours_generic': (262_858_924, None, 13_886_208)},
     ('infer', 'fp32', 'mkl'): {'ours': (242_196_996, None, 9_633_792),
-                               'ours_generic': (242_196_996, None, 9_633_792)},
+                               'ours_generic': (262_858_924, None, 13_886_208)},
     ('train', 'fp32', 'mkl'): {'ours': (750_563_040, 63_195_496, 153_482_184),
-                               'ours_generic': (750_563_040, 63_195_496, 153_482_184)},
+                               'ours_generic': (823_962_104, 76_400_408, 160_091_880)},
     ('infer', 'bf16', 'mkl'): {'ours': (164_896_644, None, 9_031_680),
-                               'ours_generic': (168_440_520, None, 9_031_680)},
+                               'ours_generic': (182_622_688, None, 9_031_680)},
     ('train', 'bf16', 'mkl'): {'ours': (1_062_914_016, 36_476_776, 136_397_256),
-                               'ours_generic': (1_066_457_892, 36_476_776, 136_397_256)},
+                               'ours_generic': (1_194_343_976, 52_240_664, 144_506_088)},
 }
 
 
@@ -80,8 +84,8 @@ def test_backward_keeps_no_weight_cast_under_autocast(records, side):
 
 def test_product_flops_are_mmdets_and_the_seed_tables(records, reference):
     """Inference: the same products as mmdet, 4.5 GMACs for Swin-T at 224 (the seed table).
-    Training: mmdet's plus the one product the attention backward recomputes (q k^T), half
-    the attention's forward products."""
+    Training: mmdet's plus, on the CPU path, the one product the attention backward recomputes
+    (q k^T), half the attention's forward products."""
     for dtype in ('fp32', 'bf16'):
         infer, train = records['infer', dtype, 'mkl'], records['train', dtype, 'mkl']
         assert infer['ours']['product_flops'] == infer['mmdet']['product_flops'] \
@@ -89,9 +93,10 @@ def test_product_flops_are_mmdets_and_the_seed_tables(records, reference):
         assert round(infer['ours']['product_flops'] / 2e9, 1) == \
             reference['model_variants']['Swin-T']['GFLOPs_224']
         extra = train['ours']['product_flops'] - train['mmdet']['product_flops']
-        assert extra == train['ours_generic']['product_flops'] - \
-            train['mmdet']['product_flops']
         assert 0 < extra < 0.01 * train['mmdet']['product_flops']
+        # the generic path: SDPA's own backward (here its math path: mmdet's products)
+        generic = train['ours_generic']['product_flops'] - train['mmdet']['product_flops']
+        assert 0 <= generic < extra
 
 
 @pytest.mark.parametrize('dtype', ['fp32', 'bf16'])

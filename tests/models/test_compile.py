@@ -72,3 +72,31 @@ def test_compiled_graphs_do_not_grow_with_depth(train):
     assert counts[1] == counts[0], f'graphs at depth 2 and 4: {counts}'
     if _COMPILE_TRACES_WINDOW_PLAN:
         assert counts[0] == 1, f'{counts[0]} graphs: the backbone should compile to one'
+
+
+@pytest.mark.parametrize('dtype', ['fp32', 'bf16'])
+def test_generic_path_compiles_to_one_graph_without_recompiles(dtype):
+    """The path GPUs run (``SWIN_RPE_BACKEND=generic``), in training, in float32 and under bf16
+    autocast: no graph break anywhere, so no block or stage is compiled on its own, and a second
+    step reuses the first one's graph. Where the torch traces the window plan: one graph."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    from swin_rpe_plugin.compat import _COMPILE_TRACES_WINDOW_PLAN
+    from swin_rpe_plugin.ops.dispatch import force_backend
+    x = torch.randn(2, 3, 97, 131)
+    model = SwinTransformer(**TINY, mask_padding=True).train()
+    autocast = torch.autocast('cpu', dtype=torch.bfloat16, enabled=dtype == 'bf16')
+    torch._dynamo.reset()
+    with force_backend('generic'), autocast:
+        explained = torch._dynamo.explain(model)(x)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        if _COMPILE_TRACES_WINDOW_PLAN:
+            assert explained.graph_count == 1
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        compiled = torch.compile(model, backend=counter)
+        for _ in range(2):
+            sum(o.float().mean() for o in compiled(x)).backward()
+    torch._dynamo.reset()
+    assert counter.frame_count == explained.graph_count, counter.frame_count

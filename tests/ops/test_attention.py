@@ -266,11 +266,13 @@ def test_kernels_see_masks_whose_weights_underflow_to_zero_not_to_denormals():
 
 
 @pytest.mark.needs('CPU_FLASH_TAKES_MASK')
-@pytest.mark.parametrize('backend', ['auto', 'generic'])
+@pytest.mark.parametrize('backend', ['auto'])
 def test_training_forward_takes_the_fused_kernel_not_the_math_path(backend):
-    """With a bias that requires grad (a parameter in training), SDPA takes its math path,
-    which builds every attention matrix, unless the kernels get detached inputs; the registered
-    op gives the gradients itself. Its forward must run the fused kernel alone."""
+    """With a bias that requires grad (a parameter in training), SDPA's CPU kernels leave for
+    its math path, which builds every attention matrix, unless the kernels get detached
+    inputs; the CPU path's registered op gives the gradients itself. Its forward must run the
+    fused kernel alone. (The generic path runs SDPA with autograd: GPUs' fused kernels take a
+    mask that requires grad; on the CPU it is the math path.)"""
     from swin_rpe_plugin.ops.dispatch import force_backend, force_kernel
     b, nw, heads, n, hd = 2, 4, 3, 49, 8
     q, k, v = (torch.randn(b * nw, heads, n, hd, requires_grad=True) for _ in range(3))

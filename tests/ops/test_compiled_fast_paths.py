@@ -114,7 +114,7 @@ def test_registered_ops_pass_opcheck():
     for dtype in (torch.float32, torch.bfloat16):  # bf16: the products write strided rows
         packed = qkv.detach().to(dtype).requires_grad_()
         torch.library.opcheck(_attention_qkv_op, (packed, 2, bias, mask, 0.3, 2))
-        torch.library.opcheck(_attention_qkv_op, (packed, 2, bias, None, 0.3, 4, True))
+        torch.library.opcheck(_attention_qkv_op, (packed, 2, bias, None, 0.3, 4))
 
 
 @pytest.mark.needs('HAS_COMPILE')
