@@ -372,8 +372,9 @@ def count_work(step: Callable, x, model: Optional[torch.nn.Module] = None,
         skip_products: skip the products' arithmetic in the counted call (see above).
 
     Returns:
-        dict(product_flops, bytes_outside, bytes_by_kind, saved_bytes (None unless
-        backward), peak_bytes, by_op, saved_by: bytes kept per producer and dtype).
+        dict(kernels (:func:`count_kernels`), kernels_by_op, product_flops, bytes_outside,
+        bytes_by_kind, saved_bytes (None unless backward), peak_bytes, by_op, saved_by: bytes
+        kept per producer and dtype).
     """
     from torch.profiler import ProfilerActivity, profile
     params = {p.untyped_storage().data_ptr() for p in model.parameters()} if model else set()
@@ -396,7 +397,10 @@ def count_work(step: Callable, x, model: Optional[torch.nn.Module] = None,
     saved_by: Counter = Counter()
     for nbytes, maker in saved.values():
         saved_by[maker] += nbytes
-    return dict(kernels=counter.kernels, kernels_by_op=dict(counter.kernels_by_op.most_common()),
+    # Kernels as a GPU launches them (SDPA one fused call), from a step of their own: the
+    # step above keeps what this device's SDPA keeps, for the bytes and the peak.
+    kernels, kernels_by_op = count_kernels(step, x)
+    return dict(kernels=kernels, kernels_by_op=kernels_by_op,
                 product_flops=counter.product_flops, bytes_outside=sum(by_kind.values()),
                 bytes_by_kind=by_kind,
                 saved_bytes=sum(saved_by.values()) if backward else None,

@@ -15,14 +15,33 @@ from mmcv.cnn.bricks.transformer import build_dropout
 from torch import Tensor
 
 from ..compat import plan_outside_graph
-from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias, gather_tokens,
-                   gelu_grad_in_place, linear, linear_keeping_input, linear_residual,
-                   linear_with_recomputed_input, relative_position_index, table_rows,
-                   to_window_tuple,
-                   traceable_window_plan, window_attention_qkv)
+from ..ops import (NormPrefix, WindowPlan, cached_window_plan, gather_relative_position_bias,
+                   gather_tokens, gelu_grad_in_place, linear, linear_keeping_input,
+                   linear_residual, linear_with_recomputed_input, relative_position_index,
+                   table_rows, to_window_tuple, traceable_window_plan, window_attention_qkv)
 from ..ops.dispatch import autocast_context, is_tracing
 
 HW = Tuple[int, int]
+
+
+def is_layer_norm(module: Optional[nn.Module]) -> bool:
+    """An ``nn.LayerNorm`` over the last dimension (mmcv's 'LN'), whose recomputed backward
+    ``NormPrefix`` writes out."""
+    return type(module) is nn.LayerNorm and len(module.normalized_shape) == 1
+
+
+def norm_prefix(norm: nn.LayerNorm, then=None, then_grad=None) -> NormPrefix:
+    """``then(norm(x))`` as a prefix whose backward needs no nested autograd pass."""
+    return NormPrefix(norm.weight, norm.bias, norm.eps, then, then_grad)
+
+
+def own_parameters(module: nn.Module) -> list:
+    """The parameters of a module without submodules (a norm, an activation), as
+    ``list(module.parameters())`` gives them, without walking the module tree: that walk is a
+    few hundred Python calls per forward (they add up on a GPU, where the host sets the pace)."""
+    if module._modules:
+        return list(module.parameters())
+    return [p for p in module._parameters.values() if p is not None]
 
 
 def _corner_pad(x: Tensor, kernel: HW, stride: HW) -> Tensor:
@@ -98,7 +117,7 @@ class PatchMerging(nn.Module):
         Backward keeps x, not the neighbourhoods and their norm (two tensors of x's size that
         a copy and a norm give back): x is the stage output, which the output norm keeps."""
         norm = self.norm if self.norm is not None else nn.Identity()
-        return self.reduce(x, hw_shape, norm, list(norm.parameters()))
+        return self.reduce(x, hw_shape, norm, own_parameters(norm))
 
     def reduce(self, x: Tensor, hw_shape: HW, prefix: nn.Module,
                prefix_params: list) -> Tuple[Tensor, HW]:
@@ -272,14 +291,20 @@ class ShiftWindowMSA(nn.Module):
         n = self.window_size[0] * self.window_size[1]
         index, zeros = plan.window_index()
 
-        def to_windows(t: Tensor) -> Tensor:
+        def partition(t: Tensor) -> Tensor:
             # Pad, roll and partition in one gather; padding is zero tokens, as the reference
             # pads after the norm.
-            t = norm(t) if norm is not None else t
             return gather_tokens(t, index, plan.scatter, zeros, False).view(-1, n, c)
 
+        def to_windows(t: Tensor) -> Tensor:
+            return partition(norm(t) if norm is not None else t)
+
+        def from_windows(grad: Tensor) -> Tensor:  # the gradient of partition: a gather back
+            return gather_tokens(grad.reshape(b, -1, c), plan.scatter, index, False, zeros)
+
+        prefix = norm_prefix(norm, partition, from_windows) if is_layer_norm(norm) else to_windows
         qkv = linear_with_recomputed_input(
-            query, to_windows, list(norm.parameters()) if norm is not None else [],
+            query, prefix, own_parameters(norm) if norm is not None else [],
             self.w_msa.qkv.weight, self.w_msa.qkv_projection_bias())
         windows = self.w_msa.attention(qkv, plan.mask, plan.num_windows)
         # Tokens back in map order before the projection (a per-token map, so the order is
@@ -341,12 +366,13 @@ class FFN(nn.Module):
                 return linear_residual(hidden, fc2.weight, fc2.bias, identity)
             out = linear(hidden, fc2.weight, fc2.bias)
             return identity + self.dropout_layer(post_norm(out))
-        hidden = linear_with_recomputed_input(x, norm, list(norm.parameters()), fc1.weight,
-                                              fc1.bias)
+        hidden = linear_with_recomputed_input(
+            x, norm_prefix(norm) if is_layer_norm(norm) else norm, own_parameters(norm),
+            fc1.weight, fc1.bias)
         if not dropping:
             # Exact GELU's gradient is written over fc2's input gradient (no autograd graph).
             out = linear_with_recomputed_input(
-                hidden, act, list(act.parameters()), fc2.weight, fc2.bias,
+                hidden, act, own_parameters(act), fc2.weight, fc2.bias,
                 residual=identity if fused else None,
                 prefix_grad_in_place=gelu_grad_in_place if _is_exact_gelu(act) else None)
             return out if fused else identity + self.dropout_layer(post_norm(out))

@@ -22,10 +22,58 @@ import torch
 from torch import Tensor
 
 from ..compat import gelu_backward_, gradient_edge, is_compiling
-from .dispatch import autocast_context, autocast_state, compute_dtype
+from .dispatch import autocast_context, autocast_state, compute_dtype, use_cpu_fast_paths
 from .linear import linear, linear_residual
 
-__all__ = ['gelu_grad_in_place', 'linear_keeping_input', 'linear_with_recomputed_input']
+__all__ = ['NormPrefix', 'gelu_grad_in_place', 'linear_keeping_input',
+           'linear_with_recomputed_input']
+
+
+class NormPrefix:
+    """The prefix ``then(layer_norm(x))`` (``then``: a reorder of tokens without parameters,
+    such as the window gather, or None) with its backward written out: recomputed with
+    ``native_layer_norm`` and differentiated with its backward kernel (float32 under autocast,
+    as autocast runs LayerNorm), ``then`` undone by ``then_grad``. The same kernels as autograd
+    through the prefix, without a nested autograd pass per layer (about 150 us of host time
+    each on a CPU; a GPU's host pays it too).
+
+    Args:
+        weight, bias: the LayerNorm's affine parameters [C] (or None); eps: its epsilon.
+        then, then_grad: the reorder and its gradient (of then's output -> of its input).
+    """
+
+    def __init__(self, weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
+                 then: Optional[Callable] = None, then_grad: Optional[Callable] = None):
+        self.weight, self.bias, self.eps = weight, bias, eps
+        self.then, self.then_grad = then, then_grad
+        self.params = [p for p in (weight, bias) if p is not None]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = torch.nn.functional.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+        return y if self.then is None else self.then(y)
+
+    def recompute(self, x: Tensor, autocast_on: bool):
+        """(prefix(x) as forward computed it, what :meth:`grad` needs)."""
+        xf = x.float() if autocast_on and x.dtype in (torch.float16, torch.bfloat16) else x
+        weight = None if self.weight is None else self.weight.detach()
+        bias = None if self.bias is None else self.bias.detach()
+        y, mean, rstd = torch.native_layer_norm(xf, xf.shape[-1:], weight, bias, self.eps)
+        return (y if self.then is None else self.then(y)), (xf, mean, rstd, weight, bias)
+
+    def grad(self, x: Tensor, state, grad_y: Tensor, needs) -> list:
+        """[grad of x, of weight, of bias] (None where ``needs`` says no) from the gradient of
+        the prefix's output."""
+        xf, mean, rstd, weight, bias = state
+        if self.then_grad is not None:
+            grad_y = self.then_grad(grad_y)
+        param_needs = iter(needs[1:])  # in the order of self.params
+        need_w = weight is not None and next(param_needs)
+        need_b = bias is not None and next(param_needs)
+        grad_x, grad_w, grad_b = torch.ops.aten.native_layer_norm_backward(
+            grad_y.to(xf.dtype), xf, xf.shape[-1:], mean, rstd, weight, bias,
+            [needs[0], need_w, need_b])
+        grads = [None if grad_x is None else grad_x.to(x.dtype)]
+        return grads + [g for g, p in ((grad_w, weight), (grad_b, bias)) if p is not None]
 
 
 class _LinearRecomputedInput(torch.autograd.Function):
@@ -57,9 +105,14 @@ class _LinearRecomputedInput(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         x, weight, *prefix_params = ctx.saved_tensors
         in_place = ctx.prefix_grad is not None  # the prefix's gradient without autograd
-        with torch.set_grad_enabled(not in_place), autocast_context(*ctx.autocast):
-            x_ = x.detach().requires_grad_(ctx.needs_input_grad[0] and not in_place)
-            y = ctx.prefix(x_)
+        explicit = isinstance(ctx.prefix, NormPrefix)  # its backward written out
+        if explicit:
+            with torch.no_grad():
+                y, norm_state = ctx.prefix.recompute(x, ctx.autocast[2])
+        else:
+            with torch.set_grad_enabled(not in_place), autocast_context(*ctx.autocast):
+                x_ = x.detach().requires_grad_(ctx.needs_input_grad[0] and not in_place)
+                y = ctx.prefix(x_)
         grad_residual = grad_out if ctx.needs_input_grad[3] else None
         product_dtype = ctx.product_dtype
         grad_out = grad_out.to(product_dtype)  # the gradient of the product's own output
@@ -74,9 +127,9 @@ class _LinearRecomputedInput(torch.autograd.Function):
             # sum accumulates in float32 and rounds once, while sum(dtype=float32) first casts
             # the whole gradient to float32 (12x slower on [32768, 384], Xeon with AMX).
             grad_bias = grad_flat.sum(0).to(ctx.weight_dtype)
-        wanted = [t for t, need in zip([x_, *prefix_params],
-                                       [ctx.needs_input_grad[0], *ctx.needs_input_grad[7:]])
-                  if need and not in_place]
+        needs = [ctx.needs_input_grad[0], *ctx.needs_input_grad[7:]]
+        wanted = [] if explicit else [t for t, need in zip([x_, *prefix_params], needs)
+                                      if need and not in_place]
         y_dtype = y.dtype
         # Differentiate the prefix through y's gradient edge, and let y go before grad_y is
         # made: LayerNorm's and GELU's backwards keep their inputs, not y, so one tensor of
@@ -88,6 +141,10 @@ class _LinearRecomputedInput(torch.autograd.Function):
         if in_place:  # into grad_y's memory: no second tensor of y's size at the peak
             grad_x = ctx.prefix_grad(x, grad_y) if ctx.needs_input_grad[0] else None
             return (grad_x, grad_weight, grad_bias, grad_residual, None, None, None)
+        if explicit:
+            grad_x, *grad_params = ctx.prefix.grad(x, norm_state, grad_y, needs)
+            return (grad_x, grad_weight, grad_bias, grad_residual, None, None, None,
+                    *grad_params)
         grads = iter(torch.autograd.grad(root, wanted, grad_y) if wanted else ())
         grad_x = next(grads) if ctx.needs_input_grad[0] else None
         grad_params = [next(grads) if need else None for need in ctx.needs_input_grad[7:]]
@@ -139,7 +196,13 @@ def linear_keeping_input(x: Tensor, weight: Tensor, bias: Optional[Tensor],
                          residual: Optional[Tensor] = None) -> Tensor:
     """``linear(x, weight, bias)`` (``+ residual``) whose backward keeps x and the weight in
     its own dtype: under autocast the weight's cast is made again in backward instead of
-    kept (see :func:`linear_with_recomputed_input`, with the identity as prefix)."""
+    kept (see :func:`linear_with_recomputed_input`, with the identity as prefix). On the
+    generic path, plain autograd: the same kernels, and the Function's Python per call would
+    only add host time (the output projections' casts are 2 bytes a parameter, 4 MiB for
+    Swin-T)."""
+    if not use_cpu_fast_paths(x):
+        return linear(x, weight, bias) if residual is None else \
+            linear_residual(x, weight, bias, residual)
     return linear_with_recomputed_input(x, _identity, [], weight, bias, residual)
 
 
