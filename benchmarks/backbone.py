@@ -9,6 +9,8 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
+from swin_rpe_plugin.ops.dispatch import backend
+
 from .runner import DTYPES, ChildStep, Comparison
 
 __all__ = ['ARCHS', 'DTYPES', 'build_model', 'build_pair', 'step_fn', 'max_abs_diff',
@@ -134,6 +136,8 @@ def backbone_comparison(arch: str, shape: Tuple[int, int], batch: int, mode: str
     gflops = backbone_gflops(stock, shape, batch) * (3 if mode == 'train' else 1)
     key = dict(kind='backbone', arch=arch, shape=list(shape), batch=batch,
                mode=mode + ('+compile' if compile_model else ''), dtype=dtype, **ours_kwargs)
+    if backend() == 'generic':  # what other devices run, timed on this CPU
+        key['backend'] = 'generic'
     if compile_model:
         eager = build_model('ours', arch, **ours_kwargs)
         eager.load_state_dict(ours.state_dict())

@@ -52,13 +52,16 @@ def format_table(records: List[dict]) -> str:
 
 
 def case_label(record: dict) -> str:
-    """'tiny 512x512 b2 train bf16' (+ runtime and precision, + mask_padding)."""
+    """'tiny 512x512 b2 train bf16' (+ runtime and precision, + mask_padding, + 'generic path'
+    for a run with ``SWIN_RPE_BACKEND=generic``)."""
     label = (f"{record['arch']} {'x'.join(map(str, record['shape']))} b{record['batch']} "
              f"{record['mode']} {record['dtype']}")
     if 'runtime' in record:
         label += f" {record['runtime']} {record['precision']}"
     if record.get('mask_padding'):
         label += ' mask_padding'
+    if record.get('backend'):
+        label += f" {record['backend']} path"
     return label
 
 

@@ -37,7 +37,7 @@ KINDS = OrderedDict([('backbone', 'Backbone: mmdet 3.3 SwinTransformer vs ours')
                       'speedup = off / on)')])
 WORK_TITLE = 'Work outside the matrix products (exact counts)'
 CASE_FIELDS = ('kind', 'arch', 'shape', 'batch', 'mode', 'dtype', 'runtime', 'precision',
-               'mask_padding', 'window')
+               'mask_padding', 'window', 'backend')
 CpuClass = Tuple[str, Optional[str], Tuple[str, ...]]
 
 
@@ -258,7 +258,8 @@ def _short_label(record: dict) -> str:
 
 def headline_markdown(by_class: Dict[CpuClass, List[dict]]) -> str:
     """The README block: one line per CPU class with the speedups of its eager backbone records
-    (memory ratio beside; compiled and mask_padding lines only on the page) and the date and
+    (memory ratio beside; compiled, mask_padding and generic-backend lines only on the page)
+    and the date and
     commit of the runs they came from."""
     lines = ['Ours against mmdet 3.3\'s Swin-T backbone (other sizes named; same config and '
              'weights; eager): speedup '
@@ -269,7 +270,8 @@ def headline_markdown(by_class: Dict[CpuClass, List[dict]]) -> str:
     for key, runs in by_class.items():
         backbone = [r for r in latest_records(runs)  # eager, default options: the rest below
                     if is_timed(r) and r.get('kind', 'backbone') == 'backbone'
-                    and r['mode'] in ('infer', 'train') and not r.get('mask_padding')]
+                    and r['mode'] in ('infer', 'train') and not r.get('mask_padding')
+                    and not r.get('backend')]
         shown = {id(r) for r in backbone}
         sources = [run for run in runs if any(id(r) in shown for r in run['records'])]
         measured = '; '.join(f"{run.get('date') or '?'}, commit {_commit(run)}"

@@ -9,7 +9,7 @@ peak device memory, kernels launched per step (profiler) and aten operators disp
 step (``benchmarks/work.py``, on meta): Swin-T at 800x1216 b2 and b8 and 512x512 b2, Swin-B at
 800x1216 b2 and b8, each dtype the device has, eager; compiled (both models under
 torch.compile) Swin-T 800x1216 b2 (every case and dtype with ``--full``). The JSON goes to
-``docs/benchmarks/gpu_<device>.json`` unless ``--json`` names another file.
+``docs/benchmarks/gpu/<device>.json`` unless ``--json`` names another file.
 """
 import argparse
 import json
@@ -29,7 +29,8 @@ def main(argv=None) -> int:
     p.add_argument('--device', default='cuda', help='a CUDA device (default: cuda)')
     p.add_argument('--quick', action='store_true', help='Swin-T 512x512 b2 only, 3 repeats')
     p.add_argument('--full', action='store_true', help='compiled runs of every case and dtype')
-    p.add_argument('--json', help='write the records here (default: docs/benchmarks/gpu_<device>.json)')
+    p.add_argument('--json',
+                   help='write the records here (default: docs/benchmarks/gpu/<device>.json)')
     args = p.parse_args(argv)
     if not args.device.startswith('cuda'):
         p.error(f'--device {args.device!r}: this check is for CUDA devices (CPU is covered by '
@@ -62,9 +63,9 @@ def main(argv=None) -> int:
                     repeats=3 if args.quick else 5, compiled=compiled)
         print(format_table(new), flush=True)
         records += new
-    path = args.json or os.path.join(ROOT, 'docs', 'benchmarks',
-                                     'gpu_' + ''.join(c if c.isalnum() else '-'
-                                                      for c in name.lower()) + '.json')
+    path = args.json or os.path.join(ROOT, 'docs', 'benchmarks', 'gpu', ''.join(
+        c if c.isalnum() else '-' for c in name.lower()) + '.json')
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, 'w') as f:
         json.dump(dict(device=name, torch=torch.__version__, parity=checks, speed=records), f,
                   indent=1)

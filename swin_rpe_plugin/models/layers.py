@@ -32,7 +32,7 @@ def is_layer_norm(module: Optional[nn.Module]) -> bool:
 
 def norm_prefix(norm: nn.LayerNorm, then=None, then_grad=None) -> NormPrefix:
     """``then(norm(x))`` as a prefix whose backward needs no nested autograd pass."""
-    return NormPrefix(norm.weight, norm.bias, norm.eps, then, then_grad)
+    return NormPrefix(norm.weight, norm.bias, norm.eps, norm.normalized_shape, then, then_grad)
 
 
 def own_parameters(module: nn.Module) -> list:

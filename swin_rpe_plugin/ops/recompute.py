@@ -32,32 +32,36 @@ __all__ = ['NormPrefix', 'gelu_grad_in_place', 'linear_keeping_input',
 class NormPrefix:
     """The prefix ``then(layer_norm(x))`` (``then``: a reorder of tokens without parameters,
     such as the window gather, or None) with its backward written out: recomputed with
-    ``native_layer_norm`` and differentiated with its backward kernel (float32 under autocast,
-    as autocast runs LayerNorm), ``then`` undone by ``then_grad``. The same kernels as autograd
-    through the prefix, without a nested autograd pass per layer (about 150 us of host time
-    each on a CPU; a GPU's host pays it too).
+    ``native_layer_norm`` in the dtype the forward's LayerNorm ran in (autocast's choice, read
+    off its output) and differentiated with LayerNorm's backward kernel, ``then`` undone by
+    ``then_grad``. The same kernels as autograd through the prefix, without a nested autograd
+    pass per layer (about 150 us of host time each on a CPU; a GPU's host pays it too).
 
     Args:
-        weight, bias: the LayerNorm's affine parameters [C] (or None); eps: its epsilon.
+        weight, bias: the LayerNorm's affine parameters [C] (or None); eps: its epsilon;
+        shape: its normalized_shape (ints: a traced size would reach an exporter).
         then, then_grad: the reorder and its gradient (of then's output -> of its input).
     """
 
     def __init__(self, weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
-                 then: Optional[Callable] = None, then_grad: Optional[Callable] = None):
-        self.weight, self.bias, self.eps = weight, bias, eps
+                 shape: Sequence[int], then: Optional[Callable] = None,
+                 then_grad: Optional[Callable] = None):
+        self.weight, self.bias, self.eps, self.shape = weight, bias, eps, tuple(shape)
         self.then, self.then_grad = then, then_grad
         self.params = [p for p in (weight, bias) if p is not None]
+        self.norm_dtype = None  # the dtype the forward normalised in
 
     def __call__(self, x: Tensor) -> Tensor:
-        y = torch.nn.functional.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+        y = torch.nn.functional.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
+        self.norm_dtype = y.dtype
         return y if self.then is None else self.then(y)
 
-    def recompute(self, x: Tensor, autocast_on: bool):
+    def recompute(self, x: Tensor):
         """(prefix(x) as forward computed it, what :meth:`grad` needs)."""
-        xf = x.float() if autocast_on and x.dtype in (torch.float16, torch.bfloat16) else x
+        xf = x if self.norm_dtype in (None, x.dtype) else x.to(self.norm_dtype)
         weight = None if self.weight is None else self.weight.detach()
         bias = None if self.bias is None else self.bias.detach()
-        y, mean, rstd = torch.native_layer_norm(xf, xf.shape[-1:], weight, bias, self.eps)
+        y, mean, rstd = torch.native_layer_norm(xf, self.shape, weight, bias, self.eps)
         return (y if self.then is None else self.then(y)), (xf, mean, rstd, weight, bias)
 
     def grad(self, x: Tensor, state, grad_y: Tensor, needs) -> list:
@@ -70,7 +74,7 @@ class NormPrefix:
         need_w = weight is not None and next(param_needs)
         need_b = bias is not None and next(param_needs)
         grad_x, grad_w, grad_b = torch.ops.aten.native_layer_norm_backward(
-            grad_y.to(xf.dtype), xf, xf.shape[-1:], mean, rstd, weight, bias,
+            grad_y.to(xf.dtype), xf, self.shape, mean, rstd, weight, bias,
             [needs[0], need_w, need_b])
         grads = [None if grad_x is None else grad_x.to(x.dtype)]
         return grads + [g for g, p in ((grad_w, weight), (grad_b, bias)) if p is not None]
@@ -90,7 +94,9 @@ class _LinearRecomputedInput(torch.autograd.Function):
         ctx.weight_dtype = weight.dtype
         # Backward keeps the weight itself and casts it again: autocast's own autograd keeps
         # its bf16/fp16 cast of every weight from forward to backward (2 bytes a parameter,
-        # 52 MiB for Swin-T), which a cast gives back for 6 bytes a parameter moved.
+        # 52 MiB for Swin-T), which a cast gives back for 6 bytes a parameter moved (on a GPU,
+        # one launch a layer: 52 of a bf16 Swin-T step's ~900, kept for the memory).
+        ctx.generic = not use_cpu_fast_paths(x)
         ctx.save_for_backward(x, weight, *prefix_params)
         if ctx.autocast[2] and weight.is_floating_point():
             weight = weight.to(ctx.autocast[1])  # not _cast_parameter's cache: freed now
@@ -108,7 +114,7 @@ class _LinearRecomputedInput(torch.autograd.Function):
         explicit = isinstance(ctx.prefix, NormPrefix)  # its backward written out
         if explicit:
             with torch.no_grad():
-                y, norm_state = ctx.prefix.recompute(x, ctx.autocast[2])
+                y, norm_state = ctx.prefix.recompute(x)
         else:
             with torch.set_grad_enabled(not in_place), autocast_context(*ctx.autocast):
                 x_ = x.detach().requires_grad_(ctx.needs_input_grad[0] and not in_place)
@@ -126,7 +132,10 @@ class _LinearRecomputedInput(torch.autograd.Function):
             # In the product's dtype, as autocast's own addmm backward sums it: ATen's bf16
             # sum accumulates in float32 and rounds once, while sum(dtype=float32) first casts
             # the whole gradient to float32 (12x slower on [32768, 384], Xeon with AMX).
-            grad_bias = grad_flat.sum(0).to(ctx.weight_dtype)
+            # On the generic path, summed into the weight's dtype in one kernel (a GPU's
+            # reduction accumulates in float32 either way; the launch is what counts there).
+            grad_bias = grad_flat.sum(0, dtype=ctx.weight_dtype) if ctx.generic else \
+                grad_flat.sum(0).to(ctx.weight_dtype)
         needs = [ctx.needs_input_grad[0], *ctx.needs_input_grad[7:]]
         wanted = [] if explicit else [t for t, need in zip([x_, *prefix_params], needs)
                                       if need and not in_place]

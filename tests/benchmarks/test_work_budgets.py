@@ -11,7 +11,10 @@ bytes; raising one needs a reason in the commit. The generic path's were raised 
 one SDPA call per layer (issue 44): a copy of qkv folds the windows of a shifted block into the
 heads, bias + mask is summed per window, and SDPA's own autograd keeps what the device's kernel
 keeps (on the CPU its math path: the probabilities), trading bytes for launches, which are what
-a GPU pays for (tests/benchmarks/test_kernel_budgets.py). The ratio targets of issue 25 that are met
+a GPU pays for (tests/benchmarks/test_kernel_budgets.py). Its bf16 train step was raised again
+when the bias gradients became one sum into float32 (one launch, where a CPU casts the whole
+gradient first: the bytes counted here) and the output projections plain autograd (their weight
+casts kept). The ratio targets of issue 25 that are met
 are held below as ratios against mmdet's counts of the same run.
 """
 import pytest
@@ -38,7 +41,7 @@ BUDGETS = {
     ('infer', 'bf16', 'mkl'): {'ours': (164_896_644, None, 9_031_680),
                                'ours_generic': (182_622_688, None, 9_031_680)},
     ('train', 'bf16', 'mkl'): {'ours': (1_062_914_016, 36_476_776, 136_397_256),
-                               'ours_generic': (1_194_343_976, 52_240_664, 144_506_088)},
+                               'ours_generic': (1_312_824_872, 56_553_752, 147_403_112)},
 }
 
 
@@ -73,13 +76,17 @@ def test_bytes_stay_within_their_budget(records, case, side):
         assert work['saved_bytes'] is None
 
 
-@pytest.mark.parametrize('side', ['ours', 'ours_generic'])
-def test_backward_keeps_no_weight_cast_under_autocast(records, side):
+def test_backward_keeps_no_weight_cast_of_the_recomputed_linears(records):
     """Autocast's autograd keeps the bf16 cast of every weight from forward to backward (2 bytes
-    a parameter, as mmdet's side shows); ours keeps the weights themselves and casts again."""
+    a parameter, as mmdet's side shows); ours keeps the weights themselves and casts again. The
+    generic path's output projections are plain autograd (the Function only added host time
+    there): their casts, 2.2M of Swin-T's 28M parameters, are all it keeps."""
     train = records[('train', 'bf16', 'mkl')]
     assert train['mmdet']['saved_weight_cast_bytes'] >= 2 * 27_000_000
-    assert train[side]['saved_weight_cast_bytes'] == 0
+    assert train['ours']['saved_weight_cast_bytes'] == 0
+    proj = 2 * sum(c * c + c for c, depth in ((96, 2), (192, 2), (384, 6), (768, 2))
+                   for _ in range(depth))
+    assert train['ours_generic']['saved_weight_cast_bytes'] <= proj
 
 
 def test_product_flops_are_mmdets_and_the_seed_tables(records, reference):

@@ -77,8 +77,10 @@ def test_compiled_graphs_do_not_grow_with_depth(train):
 @pytest.mark.parametrize('dtype', ['fp32', 'bf16'])
 def test_generic_path_compiles_to_one_graph_without_recompiles(dtype):
     """The path GPUs run (``SWIN_RPE_BACKEND=generic``), in training, in float32 and under bf16
-    autocast: no graph break anywhere, so no block or stage is compiled on its own, and a second
-    step reuses the first one's graph. Where the torch traces the window plan: one graph."""
+    autocast: where the torch traces the window plan (2.5+), one graph and no break, so no
+    block or stage is compiled on its own (torch 2.11 broke in every block on an autocast query
+    before it was read once: 27 graphs here); below, one more graph per eagerly built plan. A
+    second step reuses the first one's graphs: no recompile."""
     import torch._dynamo
     from torch._dynamo.testing import CompileCounter
 
@@ -90,9 +92,11 @@ def test_generic_path_compiles_to_one_graph_without_recompiles(dtype):
     torch._dynamo.reset()
     with force_backend('generic'), autocast:
         explained = torch._dynamo.explain(model)(x)
-        assert explained.graph_break_count == 0, explained.break_reasons
         if _COMPILE_TRACES_WINDOW_PLAN:
-            assert explained.graph_count == 1
+            assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
+                explained.break_reasons
+        else:  # 2 stages x (shifted, unshifted) plans
+            assert explained.graph_count <= 5, explained.break_reasons
         torch._dynamo.reset()
         counter = CompileCounter()
         compiled = torch.compile(model, backend=counter)
