@@ -14,6 +14,7 @@ The README block between ``<!-- headline:start -->`` and ``<!-- headline:end -->
 per CPU class (its backbone speedups, with date and commit); without those markers the README
 is left alone.
 """
+import glob
 import json
 import os
 import re
@@ -25,7 +26,7 @@ from .format import case_label, is_timed, other_steps, work_rows
 
 __all__ = ['cpu_slug', 'cpu_class', 'class_label', 'class_slug', 'load_runs', 'latest_records',
            'performance_markdown', 'work_table', 'write_chart', 'headline_markdown',
-           'write_report']
+           'load_gpu_runs', 'write_report']
 
 HEADLINE = ('<!-- headline:start -->', '<!-- headline:end -->')
 KINDS = OrderedDict([('backbone', 'Backbone: mmdet 3.3 SwinTransformer vs ours'),
@@ -256,7 +257,28 @@ def _short_label(record: dict) -> str:
     return label[len('tiny '):] if record.get('arch') == 'tiny' else label
 
 
-def headline_markdown(by_class: Dict[CpuClass, List[dict]]) -> str:
+def load_gpu_runs(root: str) -> List[dict]:
+    """The JSONs ``tools/device_check.py`` wrote under docs/benchmarks/gpu, by device name."""
+    runs = []
+    for path in sorted(glob.glob(os.path.join(root, 'docs', 'benchmarks', 'gpu', '*.json'))):
+        with open(path) as f:
+            runs.append(json.load(f))
+    return sorted(runs, key=lambda run: run.get('device', ''))
+
+
+def _gpu_line(run: dict) -> str:
+    """A headline row of one GPU: eager train and inference speedups, memory ratio beside."""
+    records = [r for r in run.get('speed', []) if '+compile' not in r['mode']]
+    cases = '; '.join(
+        f"{_short_label(r)} **{r['speedup']:.2f}**"
+        + (f" ({r['mem_ratio']:.2f})" if r.get('mem_ratio') is not None else '')
+        for r in records) or '-'
+    measured = f"{run.get('date') or '?'}, commit {run.get('commit') or '-'}"
+    return f"| {run['device']} (GPU, torch {run.get('torch', '?')}) | {measured} | {cases} |"
+
+
+def headline_markdown(by_class: Dict[CpuClass, List[dict]],
+                      gpu_runs: Sequence[dict] = ()) -> str:
     """The README block: one line per CPU class with the speedups of its eager backbone records
     (memory ratio beside; compiled, mask_padding and generic-backend lines only on the page)
     and the date and
@@ -284,6 +306,7 @@ def headline_markdown(by_class: Dict[CpuClass, List[dict]]) -> str:
             + (f" {_flags(r)}" if r.get('flags') else '')
             for r in backbone) or 'no backbone timing (other comparisons on the page below)'
         lines.append(f'| {class_label(key, runs)} | {measured} | {cases} |')
+    lines += [_gpu_line(run) for run in gpu_runs]  # tools/device_check.py's, one per GPU
     return '\n'.join(lines)  # the README links the page itself, after the block
 
 
@@ -310,8 +333,8 @@ def write_report(paths: Sequence[str], root: str) -> List[str]:
             text = f.read()
         start, end = text.find(HEADLINE[0]), text.find(HEADLINE[1])
         if 0 <= start < end:
-            text = (text[:start + len(HEADLINE[0])] + '\n' + headline_markdown(by_class) + '\n'
-                    + text[end:])
+            text = (text[:start + len(HEADLINE[0])] + '\n'
+                    + headline_markdown(by_class, load_gpu_runs(root)) + '\n' + text[end:])
             with open(readme, 'w') as f:
                 f.write(text)
             written.append(readme)

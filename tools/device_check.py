@@ -14,7 +14,9 @@ torch.compile) Swin-T 800x1216 b2 (every case and dtype with ``--full``). The JS
 import argparse
 import json
 import os
+import subprocess
 import sys
+import time
 
 import torch
 
@@ -22,6 +24,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks.device_check import parity, speed, supported_dtypes  # noqa: E402
 from benchmarks.format import format_table  # noqa: E402
+
+
+def provenance() -> dict:
+    """date and commit of this check, for the README's GPU line."""
+    try:
+        commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT,
+                                capture_output=True, text=True).stdout.strip() or None
+    except OSError:
+        commit = None
+    return dict(date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit)
 
 
 def main(argv=None) -> int:
@@ -67,9 +79,10 @@ def main(argv=None) -> int:
         c if c.isalnum() else '-' for c in name.lower()) + '.json')
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, 'w') as f:
-        json.dump(dict(device=name, torch=torch.__version__, parity=checks, speed=records), f,
-                  indent=1)
-    print(f'wrote {path}')
+        json.dump(dict(device=name, torch=torch.__version__, **provenance(), parity=checks,
+                       speed=records), f, indent=1)
+    print(f'wrote {path}; `tools/benchmark.py --report docs/benchmarks/*.json` adds its README '
+          'line')
     return 0
 
 

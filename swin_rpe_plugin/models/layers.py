@@ -302,7 +302,9 @@ class ShiftWindowMSA(nn.Module):
         def from_windows(grad: Tensor) -> Tensor:  # the gradient of partition: a gather back
             return gather_tokens(grad.reshape(b, -1, c), plan.scatter, index, False, zeros)
 
-        prefix = norm_prefix(norm, partition, from_windows) if is_layer_norm(norm) else to_windows
+        # Compilers and tracers see the plain prefix (they differentiate it themselves).
+        prefix = norm_prefix(norm, partition, from_windows) \
+            if is_layer_norm(norm) and not is_tracing(query) else to_windows
         qkv = linear_with_recomputed_input(
             query, prefix, own_parameters(norm) if norm is not None else [],
             self.w_msa.qkv.weight, self.w_msa.qkv_projection_bias())
@@ -367,7 +369,8 @@ class FFN(nn.Module):
             out = linear(hidden, fc2.weight, fc2.bias)
             return identity + self.dropout_layer(post_norm(out))
         hidden = linear_with_recomputed_input(
-            x, norm_prefix(norm) if is_layer_norm(norm) else norm, own_parameters(norm),
+            x, norm_prefix(norm) if is_layer_norm(norm) and not is_tracing(x) else norm,
+            own_parameters(norm),
             fc1.weight, fc1.bias)
         if not dropping:
             # Exact GELU's gradient is written over fc2's input gradient (no autograd graph).

@@ -11,10 +11,9 @@ import os
 import pytest
 
 from benchmarks.format import MB, format_work, work_rows
-from benchmarks.report import (HEADLINE, WORK_TITLE, class_label,
-                                                       class_slug, cpu_class,
-                                                       headline_markdown, load_runs,
-                                                       performance_markdown, write_report)
+from benchmarks.report import (HEADLINE, WORK_TITLE, class_label, class_slug, cpu_class,
+                               headline_markdown, load_gpu_runs, load_runs,
+                               performance_markdown, write_report)
 from benchmarks.runner import KEPT_MALLOC
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -61,7 +60,8 @@ def test_committed_page_and_readme_headline_are_what_the_report_regenerates():
     by_class = load_runs(JSONS)
     assert read('docs/performance.md') == performance_markdown(by_class), \
         f'docs/performance.md is stale: run `{REGENERATE}`'
-    assert headline_block(read('README.md')) == headline_markdown(by_class), \
+    assert headline_block(read('README.md')) == headline_markdown(by_class,
+                                                                 load_gpu_runs(ROOT)), \
         f'the README headline is stale: run `{REGENERATE}`'
     for key, runs in by_class.items():
         assert os.path.isfile(os.path.join(ROOT, 'docs', 'images',
@@ -206,3 +206,22 @@ def test_report_refuses_a_file_that_is_not_a_benchmark_json(tmp_path, bad):
     path.write_text(json.dumps(bad))
     with pytest.raises(ValueError, match='not a tools/benchmark.py --json file'):
         load_runs([str(path)])
+
+
+def test_a_device_check_json_gives_the_headline_a_gpu_line(tmp_path):
+    """tools/device_check.py's JSON under docs/benchmarks/gpu: one headline row per GPU with its
+    eager speedups and memory ratios; compiled records stay on the JSON."""
+    gpu = tmp_path / 'docs' / 'benchmarks' / 'gpu'
+    gpu.mkdir(parents=True)
+    eager = dict(arch='tiny', shape=[800, 1216], batch=2, mode='train', dtype='bf16',
+                 speedup=1.4, mem_ratio=0.55)
+    compiled = dict(eager, mode='train+compile', speedup=1.2)
+    (gpu / 'nvidia-h200.json').write_text(json.dumps(dict(
+        device='NVIDIA H200', torch='2.11.0', date='2026-12-05 10:00 UTC', commit='abc1234',
+        parity=[], speed=[eager, compiled])))
+    (tmp_path / 'README.md').write_text(f'x\n{HEADLINE[0]}\n{HEADLINE[1]}\n')
+    write_report(_write(tmp_path, [_run()]), str(tmp_path))
+    rows = [line for line in headline_block((tmp_path / 'README.md').read_text()).splitlines()
+            if 'GPU' in line]
+    assert rows == ['| NVIDIA H200 (GPU, torch 2.11.0) | 2026-12-05 10:00 UTC, commit abc1234 | '
+                    '800x1216 b2 train bf16 **1.40** (0.55) |']
