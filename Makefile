@@ -29,24 +29,19 @@ PYTEST_COMPAT := -m pytest -n $(TEST_WORKERS) --dist loadfile
 test: setup
 	$(PY) $(PYTEST) tests $(PYTEST_ARGS)
 
-# Every user path in the oldest environment: the whole suite but the benchmark harness (which
-# serves the pinned environment) and the tests of features torch 2.1 lacks (deselected and
-# counted by tests/conftest.py).
+# The oldest environment and the newest torch run the tests of what differs between torch
+# versions: the rule in tests/compat_suite.txt, applied by tests/conftest.py (--suite), leaves
+# the rest out as deselected. Neither runs the benchmark harness (which serves the pinned
+# environment); tests of features a torch lacks are deselected and counted (tests/conftest.py).
 test-compat: setup-compat
-	.venv-compat/bin/python $(PYTEST_COMPAT) tests --ignore=tests/benchmarks -m 'not harness' $(PYTEST_ARGS)
+	.venv-compat/bin/python $(PYTEST_COMPAT) tests --ignore=tests/benchmarks -m 'not harness' \
+	  --suite compat $(PYTEST_ARGS)
 
-# The core on the newest torch: the files that need neither mmdet nor mmseg (mmcv-lite has no
-# ops), less the three tests there that build a detector or segmentor.
-NEWEST_TESTS := tests/test_compat.py tests/ops tests/models/test_compile.py \
-	tests/models/test_swin_v2.py tests/models/test_valid_sizes.py tests/checkpoint/test_resize.py \
-	tests/deploy/test_onnx_export.py tests/reliability/test_bad_input.py \
-	tests/reliability/test_untrusted_checkpoints.py tests/reliability/test_fuzz.py
+# The same rule on the newest torch, less what needs mmdet, mmseg or mmcv's compiled ops
+# (mmcv-lite there): the rule's toolkit lines.
 test-newest: setup-newest
-	.venv-newest/bin/python $(PYTEST) $(NEWEST_TESTS) -m 'not harness' \
-	  --deselect tests/ops/test_compiled_fast_paths.py::test_mmengine_compile_trains_a_synthetic_segmentor \
-	  --deselect tests/deploy/test_onnx_export.py::test_whole_mask_rcnn_exports_up_to_the_rpn \
-	  --deselect tests/deploy/test_onnx_export.py::test_upernet_whole_model_needs_a_fixed_size_and_says_why \
-	  $(PYTEST_ARGS)
+	.venv-newest/bin/python $(PYTEST) tests --ignore=tests/benchmarks -m 'not harness' \
+	  --suite newest $(PYTEST_ARGS)
 
 # e.g. make demo ARGS=--no-benchmark, make demo ARGS="--arch v2" (the demo with SwinV2)
 demo: setup

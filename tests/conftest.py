@@ -1,6 +1,11 @@
+import ast
+import functools
+import io
 import json
 import os
+import re
 import socket
+import tokenize
 import uuid
 
 import pytest
@@ -43,6 +48,179 @@ def _known_failures() -> dict:
 KNOWN_FAILURES_TORCH_2_1 = _known_failures()
 
 
+SUITE_RULE = os.path.join(ROOT, 'tests', 'compat_suite.txt')
+
+
+def pytest_addoption(parser):
+    parser.addoption('--suite', choices=('all', 'compat', 'newest'), default='all',
+                     help='all: every test (make test); compat, newest: the tests of what differs '
+                          'between torch versions, by the rule in tests/compat_suite.txt')
+
+
+def suite_rule(path: str = SUITE_RULE) -> list:
+    """The lines of tests/compat_suite.txt as (kind, pattern, why)."""
+    rows = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip() or line.startswith('#'):
+                continue
+            parts = [p.strip() for p in line.split(' | ')]
+            if len(parts) != 3 or parts[0] not in ('path', 'marker', 'code', 'toolkit'):
+                raise ValueError(f'{path}:{number}: want "kind | pattern | why" with kind '
+                                 f'path, marker, code or toolkit: {line.strip()!r}')
+            rows.append(tuple(parts))
+    return rows
+
+
+def _code_only(source: str) -> str:
+    """``source`` with its comments and docstrings blanked (lines kept where they were)."""
+    lines = source.splitlines(keepends=True)
+    blank = []  # (row, first col, last row, end col) spans to blank, 1-based rows
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            blank.append((*token.start, *token.end))
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, 'body', None)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and body and isinstance(body[0], ast.Expr) \
+                and isinstance(getattr(body[0], 'value', None), ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            doc = body[0]
+            blank.append((doc.lineno, doc.col_offset, doc.end_lineno, doc.end_col_offset))
+    out = [list(line) for line in lines]
+    for row, col, end_row, end_col in blank:
+        for r in range(row, end_row + 1):
+            line = out[r - 1]
+            first = col if r == row else 0
+            last = end_col if r == end_row else len(line) - (1 if line[-1:] == ['\n'] else 0)
+            line[first:last] = ' ' * (last - first)
+    return ''.join(''.join(line) for line in out)
+
+
+@functools.lru_cache(maxsize=None)
+def _module_names(path: str) -> dict:
+    """{top-level name: (its code, the names it uses, (file, name) an import points at)} for
+    one Python file: functions and classes with their decorators, assignments, imports."""
+    with open(path) as f:
+        source = f.read()
+    code = _code_only(source).splitlines()
+    names = {}
+    for node in ast.parse(source).body:
+        first = min([node.lineno] + [d.lineno for d in getattr(node, 'decorator_list', [])])
+        text = '\n'.join(code[first - 1:node.end_lineno])
+        used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = (text, used, None)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for n in ast.walk(target):
+                    if isinstance(n, ast.Name):
+                        names[n.id] = (text, used, None)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            helper = None
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for folder in (os.path.dirname(path), os.path.join(ROOT, 'tests')):
+                    candidate = os.path.join(folder, node.module.replace('.', os.sep) + '.py')
+                    if os.path.isfile(candidate):
+                        helper = candidate
+                        break
+            for alias in node.names:
+                name = (alias.asname or alias.name).split('.')[0]
+                names[name] = (text, set(), (helper, alias.name) if helper else None)
+    return names
+
+
+def _top_level_imports(path: str) -> str:
+    return '\n'.join(text for text, _, _ in _module_names(path).values()
+                     if text.lstrip().startswith(('import ', 'from ')))
+
+
+def test_code(item) -> str:
+    """The code of a test as tests/compat_suite.txt defines it: its function, the fixtures it
+    requests (not the autouse ones of this file), and the module-level names these use, in
+    their files and the helper files of tests/ they import from, transitively."""
+    todo = [(str(item.path), item.function.__name__)]
+    autouse = {'_fresh_compiler_caches', '_seed'}
+    for name in item.fixturenames:
+        for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
+            func = getattr(fixturedef, 'func', None)
+            path = getattr(getattr(func, '__code__', None), 'co_filename', '')
+            if path.startswith(os.path.join(ROOT, 'tests')) and name not in autouse:
+                todo.append((path, getattr(func, '__name__', name)))
+    seen, texts = set(), []
+    while todo:
+        path, name = todo.pop()
+        if (path, name) in seen:
+            continue
+        seen.add((path, name))
+        entry = _module_names(path).get(name)
+        if entry is None:
+            continue
+        text, used, target = entry
+        texts.append(text)
+        todo.extend((path, n) for n in used)
+        if target is not None:
+            todo.append(target)
+    return '\n'.join(texts)
+
+
+def suite_reasons(item, rule) -> list:
+    """The lines of the rule that select ``item`` (empty: not in the compat or newest suite)."""
+    code = None
+    reasons = []
+    for kind, pattern, why in rule:
+        if kind == 'path':
+            hit = item.nodeid.startswith(pattern)
+        elif kind == 'marker':
+            hit = item.get_closest_marker(pattern) is not None
+        elif kind == 'code':
+            code = test_code(item) if code is None else code
+            hit = re.search(pattern, code) is not None
+        else:
+            continue
+        if hit:
+            reasons.append(f'{kind} {pattern}')
+    return reasons
+
+
+def needs_toolkit(item, rule) -> bool:
+    code = test_code(item) + '\n' + _top_level_imports(str(item.path))
+    return any(re.search(pattern, code) for kind, pattern, _ in rule if kind == 'toolkit')
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under --suite newest, a test file whose top-level imports need a toolkit is not
+    imported (mmcv-lite there: no mmdet, no mmseg)."""
+    path = str(collection_path)
+    if config.getoption('suite') != 'newest' or not (
+            os.path.basename(path).startswith('test_') and path.endswith('.py')):
+        return None
+    imports = _top_level_imports(path)
+    if any(re.search(pattern, imports) for kind, pattern, _ in suite_rule() if kind == 'toolkit'):
+        return True
+    return None
+
+
+def select_suite(config, items):
+    """--suite compat/newest: keep the tests tests/compat_suite.txt selects; report the rest as
+    deselected."""
+    suite = config.getoption('suite')
+    config.collected_test_files = {str(item.path) for item in items}
+    config.suite_selection = None
+    if suite == 'all':
+        return
+    rule = suite_rule()
+    keep = [item for item in items if suite_reasons(item, rule)
+            and not (suite == 'newest' and needs_toolkit(item, rule))]
+    kept = set(map(id, keep))
+    dropped = [item for item in items if id(item) not in kept]
+    config.suite_selection = [item.nodeid for item in keep]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests of a feature this torch lacks (``@pytest.mark.needs('HAS_CUSTOM_OP')``, names as
     in ``swin_rpe_plugin.compat``) are deselected, and counted as such: on torch 2.1 there is
@@ -50,6 +228,7 @@ def pytest_collection_modifyitems(config, items):
     their order: `make test` hands whole files to its workers in this order
     (``--no-loadscope-reorder``), so the run ends on short files instead of one worker
     finishing a heavy file alone while the other idles."""
+    select_suite(config, items)
     if compat.TORCH_VERSION <= (2, 1):  # the oldest environment's known failures
         for item in items:
             if item.nodeid in KNOWN_FAILURES_TORCH_2_1:
