@@ -25,7 +25,7 @@ __all__ = ['TORCH_FLOOR', 'TORCH_VERSION', 'check_torch', 'HAS_CUSTOM_OP', 'cust
            'cpu_capability', 'HAS_DYNAMO_EXPORTER', 'HAS_SAFE_GLOBALS',
            'TRACED_SDPA_EXPORTS', 'register_load_state_dict_pre_hook', 'SDPA_TAKES_FLOAT_MASK', 'default_device',
            'CPU_FLASH_TAKES_MASK',
-           'gelu_backward_', 'weights_only_globals']
+           'gelu_backward_', 'weights_only_globals', 'apply_function']
 
 TORCH_FLOOR = (2, 1)
 
@@ -269,6 +269,22 @@ def default_device() -> torch.device:
     which ``torch.set_default_device`` (torch >= 2.0) decides the same way."""
     getter = getattr(torch, 'get_default_device', None)
     return getter() if getter is not None else torch.empty(()).device
+
+
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
+def apply_function(function: type, *args) -> Any:
+    """``function.apply(*args)`` for an autograd Function written as ``forward(ctx, ...)``.
+
+    ``Function.apply`` (every torch from 2.1 on) first walks its arguments with a pytree for
+    functorch's dead wrappers, about 20 Python calls a call with a block's ten arguments, then
+    calls the C ``apply``; outside functorch transforms (vmap, grad) that walk finds nothing,
+    so this calls the C ``apply`` directly (two Python calls). Under a transform, the full
+    ``Function.apply``."""
+    if _functorch_active():
+        return function.apply(*args)
+    return super(torch.autograd.Function, function).apply(*args)
 
 
 @functools.lru_cache(maxsize=None)

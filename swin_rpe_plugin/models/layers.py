@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmcv.cnn import build_activation_layer, build_norm_layer
+from mmcv.cnn.bricks.drop import DropPath
 from mmcv.cnn.bricks.transformer import build_dropout
 from torch import Tensor
 
@@ -20,6 +21,7 @@ from ..ops import (NormPrefix, WindowPlan, cached_window_plan, gather_relative_p
                    linear_residual, linear_with_recomputed_input, relative_position_index,
                    table_rows, to_window_tuple, traceable_window_plan, window_attention_qkv)
 from ..ops.dispatch import autocast_context, is_tracing
+from ..ops.generic_block import patch_merge, swin_block
 
 HW = Tuple[int, int]
 
@@ -111,12 +113,20 @@ class PatchMerging(nn.Module):
         self.norm = build_norm_layer(norm_cfg, 4 * in_channels)[1] if norm_cfg else None
         self.reduction = nn.Linear(4 * in_channels, out_channels, bias=False)
 
-    def forward(self, x: Tensor, hw_shape: HW) -> Tuple[Tensor, HW]:
+    def forward(self, x: Tensor, hw_shape: HW, generic: bool = False) -> Tuple[Tensor, HW]:
         """[B, H*W, C] -> ([B, H'*W', C_out], (H', W')), H' = ceil(H / stride).
 
         Backward keeps x, not the neighbourhoods and their norm (two tensors of x's size that
-        a copy and a norm give back): x is the stage output, which the output norm keeps."""
-        norm = self.norm if self.norm is not None else nn.Identity()
+        a copy and a norm give back): x is the stage output, which the output norm keeps.
+        ``generic``: as ``SwinBlock.forward``'s (``ops.generic_block.patch_merge``)."""
+        norm = self._modules['norm']
+        if generic and self.stride == 2 and is_layer_norm(norm):
+            h, w = hw_shape
+            params = norm._parameters
+            out = patch_merge(x, hw_shape, (params['weight'], params['bias'], norm.eps),
+                              self._modules['reduction']._parameters['weight'])
+            return out, ((h + 1) // 2, (w + 1) // 2)
+        norm = norm if norm is not None else nn.Identity()
         return self.reduce(x, hw_shape, norm, own_parameters(norm))
 
     def reduce(self, x: Tensor, hw_shape: HW, prefix: nn.Module,
@@ -187,19 +197,25 @@ class WindowMSA(nn.Module):
         """(q, k, logit scale) as attention takes them (SwinV2 overrides: cosine attention)."""
         return q, k, self.scale
 
-    def relative_position_bias(self) -> Tensor:
+    def relative_position_bias(self, tracing: Optional[bool] = None,
+                               contiguous: bool = True) -> Tensor:
         """[heads, N, N] bias gathered from the table.
 
         Reused across forwards while the table is unchanged and no gradient is needed
         (inference); recomputed whenever autograd must see the gather, and under
-        torch.compile (which fuses the gather instead).
+        torch.compile (which fuses the gather instead). ``tracing``: whether a tracer or
+        compiler runs, if the caller knows (None: asked here); ``contiguous``: as
+        ``gather_relative_position_bias`` (a recomputed bias only).
         """
-        table = self.relative_position_bias_table
-        if (torch.is_grad_enabled() and table.requires_grad) or is_tracing(table):
-            return gather_relative_position_bias(table, self.relative_position_index)
+        table = self._parameters['relative_position_bias_table']
+        index = self._buffers['relative_position_index']
+        if tracing is None:
+            tracing = is_tracing(table)
+        if (torch.is_grad_enabled() and table.requires_grad) or tracing:
+            return gather_relative_position_bias(table, index, contiguous)
         key = (table._version, table.data_ptr(), table.dtype, table.device)
         if self._bias_cache is None or self._bias_cache[0] != key:
-            bias = gather_relative_position_bias(table.detach(), self.relative_position_index)
+            bias = gather_relative_position_bias(table.detach(), index)
             self._bias_cache = (key, bias)
         return self._bias_cache[1]
 
@@ -421,7 +437,14 @@ class SwinBlock(nn.Module):
         self.ffn = FFN(embed_dims, feedforward_channels, act_cfg or dict(type='GELU'),
                        drop_rate, drop_path)
 
-    def forward(self, x: Tensor, hw_shape: HW, plan: Optional[WindowPlan] = None) -> Tensor:
+    def forward(self, x: Tensor, hw_shape: HW, plan: Optional[WindowPlan] = None,
+                generic: bool = False) -> Tensor:
+        """x: [B, H*W, C] -> [B, H*W, C]. ``generic``: the caller found x on the generic path
+        outside tracers (``ops.dispatch.runs_generic_block``), so a plain V1 block runs
+        ``ops.generic_block.swin_block`` with the plan given."""
+        if generic and self.generic_block_applies():
+            return self.forward_generic(x, plan)
+
         def inner(x: Tensor) -> Tensor:
             if self.post_norm:
                 x = x + self.attn(x, hw_shape, plan, post_norm=self.norm1)
@@ -432,3 +455,47 @@ class SwinBlock(nn.Module):
         if self.with_cp and x.requires_grad:
             return cp.checkpoint(inner, x, use_reentrant=False)
         return inner(x)
+
+    def generic_block_applies(self) -> bool:
+        """Whether this block is one ``ops.generic_block.swin_block`` computes: a V1 block
+        (pre-norm, the table's bias, SDPA) with LayerNorms, exact GELU, no dropout and no
+        activation checkpointing. Read from the modules at each call (their dicts: a module
+        attribute costs a Python call), so a swapped module is never computed as another."""
+        modules = self._modules
+        attn, ffn = modules['attn']._modules, modules['ffn']
+        w_msa, fc = attn['w_msa'], ffn._modules['layers']._modules
+        first = fc['0']._modules
+        return (not self.post_norm and not self.with_cp and type(w_msa) is WindowMSA
+                and w_msa.fused_attention and not (self.training and w_msa.attn_drop_rate)
+                and is_layer_norm(modules['norm1']) and is_layer_norm(modules['norm2'])
+                and _is_exact_gelu(first['1'])
+                and not (self.training and (w_msa._modules['proj_drop'].p or first['2'].p
+                                            or fc['2'].p))
+                and type(attn['drop']) in _DROP_PATHS
+                and type(ffn._modules['dropout_layer']) in _DROP_PATHS)
+
+    def forward_generic(self, x: Tensor, plan: WindowPlan) -> Tensor:
+        """The block as ``ops.generic_block.swin_block`` computes it (see there)."""
+        modules = self._modules
+        attn, ffn = modules['attn']._modules, modules['ffn']._modules
+        w_msa = attn['w_msa']
+        fc = ffn['layers']._modules
+        norm1, norm2 = modules['norm1'], modules['norm2']
+        qkv, proj = w_msa._modules['qkv']._parameters, w_msa._modules['proj']._parameters
+        fc1, fc2 = fc['0']._modules['0']._parameters, fc['1']._parameters
+        n1, n2 = norm1._parameters, norm2._parameters
+        drop_path = (_drop_prob(attn['drop']), _drop_prob(ffn['dropout_layer']))
+        return swin_block(
+            x, plan, w_msa.num_heads, w_msa.scale, w_msa.relative_position_bias(False, False),
+            (n1['weight'], n1['bias'], norm1.eps), (qkv['weight'], qkv['bias']),
+            (proj['weight'], proj['bias']), (n2['weight'], n2['bias'], norm2.eps),
+            (fc1['weight'], fc1['bias']), (fc2['weight'], fc2['bias']), drop_path)
+
+
+# mmcv's drop path (and the identity it is at rate 0): what the generic block draws itself
+_DROP_PATHS = (DropPath, nn.Identity)
+
+
+def _drop_prob(drop_path: nn.Module) -> float:
+    """The probability mmcv's DropPath drops an image's branch now (0 in eval mode)."""
+    return drop_path.drop_prob if type(drop_path) is DropPath and drop_path.training else 0.

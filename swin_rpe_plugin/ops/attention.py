@@ -202,21 +202,21 @@ def _folded_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tenso
     """SDPA of q, k, v [B, nW * heads, N, d] under bias + mask; [B * nW, N, heads * d]."""
     b, nh, n, head_dim = q.shape
     heads = nh // nw
-    full = _every_window(mask, nw, q)  # [B or 1, nW, N, N]
+    full = every_window(mask, nw, q)  # [B or 1, nW, N, N]
     attn_mask = (full.unsqueeze(2) + bias).reshape(full.shape[0], nh, n, n).to(dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                          scale=scale)
     return out.view(-1, heads, n, head_dim).transpose(1, 2).reshape(-1, n, heads * head_dim)
 
 
-def _every_window(mask: Tensor, nw: int, like: Tensor) -> Tensor:
+def every_window(mask: Tensor, nw: int, like: Tensor, tracing: Optional[bool] = None) -> Tensor:
     """[B or 1, nW, N, N] from a mask of the last nM windows ([nM, N, N] or [B, nM, N, N]).
 
     Unmasked windows come first in plan order: zeros in front of the nM masks, made once
     per mask in eager mode (plans are cached, so once per plan); under tracers padded by 0 in
     the graph (traceable plans mask every window: no branch on sizes)."""
     full = mask if mask.dim() == 4 else mask.unsqueeze(0)
-    if is_tracing(like):
+    if is_tracing(like) if tracing is None else tracing:
         return F.pad(full, (0, 0, 0, 0, nw - full.shape[1], 0))
     if full.shape[1] == nw:
         return full
@@ -291,7 +291,7 @@ def _explicit(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tens
     bw, heads, n, head_dim = q.shape
     attn = (q * scale) @ k.transpose(-2, -1) + bias
     if mask is not None:  # [B, nW, heads, N, N] + [B or 1, nW, 1, N, N]
-        full = _every_window(mask, nw, q).unsqueeze(2).to(attn.dtype)
+        full = every_window(mask, nw, q).unsqueeze(2).to(attn.dtype)
         attn = (attn.view(bw // nw, nw, heads, n, n) + full).view(bw, heads, n, n)
     attn = attn.softmax(dim=-1)
     if dropout_p > 0:

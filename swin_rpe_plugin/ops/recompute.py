@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..compat import gelu_backward_, gradient_edge, is_compiling
+from ..compat import apply_function, gelu_backward_, gradient_edge, is_compiling
 from .dispatch import autocast_context, autocast_state, compute_dtype, use_cpu_fast_paths
 from .linear import linear, linear_residual
 
@@ -193,8 +193,8 @@ def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
             linear_residual(y, weight, bias, residual)
     if prefix_params:
         prefix_grad_in_place = None
-    return _LinearRecomputedInput.apply(x, weight, bias, residual, prefix, prefix_grad_in_place,
-                                        len(prefix_params), *prefix_params)
+    return apply_function(_LinearRecomputedInput, x, weight, bias, residual, prefix,
+                          prefix_grad_in_place, len(prefix_params), *prefix_params)
 
 
 def _identity(x: Tensor) -> Tensor:

@@ -63,12 +63,16 @@ def relative_position_index(window_size, device=None) -> Tensor:
     return dy * (2 * mw - 1) + dx
 
 
-def gather_relative_position_bias(table: Tensor, index: Tensor) -> Tensor:
+def gather_relative_position_bias(table: Tensor, index: Tensor,
+                                  contiguous: bool = True) -> Tensor:
     """Expand a compact bias table into the dense per-head bias of one window.
 
     Args:
         table: [(2Mh-1)(2Mw-1), heads].
         index: [N, N] from :func:`relative_position_index`.
+        contiguous: False returns the gather's permuted view, no copy (the generic path: its
+            shift mask's sum makes a new tensor, and a GPU's SDPA copies an unaligned mask
+            into aligned rows itself).
 
     Returns:
         [heads, N, N]: entry (h, i, j) is the bias head h adds to query i attending key j.
@@ -77,12 +81,13 @@ def gather_relative_position_bias(table: Tensor, index: Tensor) -> Tensor:
         raise ValueError(f'table must be 2-D [rows, heads], got shape {tuple(table.shape)}')
     # On the CPU only (elsewhere reading the max is a host sync, impossible on meta, and an
     # index past the table fails in the gather below anyway), once per index and version.
-    if (not is_compiling() and not torch.jit.is_tracing() and index.numel()
-            and index.device.type == 'cpu' and _index_rows(index) > table.shape[0]):
+    if (index.device.type == 'cpu' and not is_compiling() and not torch.jit.is_tracing()
+            and index.numel() and _index_rows(index) > table.shape[0]):
         raise ValueError(f'index refers to row {_index_rows(index) - 1} but table has '
                          f'{table.shape[0]} rows: window and table do not match')
     n = index.shape[0]
-    return table[index.reshape(-1)].reshape(n, n, -1).permute(2, 0, 1).contiguous()
+    bias = table[index.reshape(-1)].reshape(n, n, -1).permute(2, 0, 1)
+    return bias.contiguous() if contiguous else bias
 
 
 def _index_rows(index: Tensor) -> int:

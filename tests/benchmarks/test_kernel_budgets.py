@@ -18,7 +18,7 @@ from benchmarks.work import count_kernels
 from swin_rpe_plugin.ops.dispatch import force_backend
 
 # (mode) -> our Swin-T step's kernels at 2 images and more, any size
-BUDGETS = {'train': 675, 'infer': 212}
+BUDGETS = {'train': 649, 'infer': 212}
 SIZES = [((512, 512), 1), ((512, 512), 2), ((512, 512), 8), ((800, 1216), 2)]
 
 
@@ -35,8 +35,8 @@ def kernels(model, mode, shape, batch, **kwargs):
 
 
 @pytest.mark.parametrize('mode', ['train', 'infer'])
-def test_steps_launch_at_most_0_8x_mmdets_kernels_at_any_batch_and_size(models, mode):
-    """Swin-T at 512x512 b1, b2, b8 and 800x1216 b2: ours at most 0.8x of mmdet's at every one,
+def test_steps_launch_at_most_0_7x_mmdets_kernels_at_any_batch_and_size(models, mode):
+    """Swin-T at 512x512 b1, b2, b8 and 800x1216 b2: ours at most 0.7x of mmdet's at every one,
     and the same count from 2 images on, at both sizes: no Python loop over images, windows or
     chunks (one image saves the sums of broadcast gradients over the batch, on both sides)."""
     stock, ours = models
@@ -44,7 +44,7 @@ def test_steps_launch_at_most_0_8x_mmdets_kernels_at_any_batch_and_size(models, 
                                kernels(stock, mode, shape, batch)[0])
               for shape, batch in SIZES}
     for case, (ours_count, mmdet_count) in counts.items():
-        assert ours_count <= 0.8 * mmdet_count, (case, ours_count, mmdet_count)
+        assert ours_count <= 0.7 * mmdet_count, (case, ours_count, mmdet_count)
     many = {ours_count for (shape, batch), (ours_count, _) in counts.items() if batch > 1}
     assert many == {BUDGETS[mode]}, counts
     assert counts[(512, 512), 1][0] <= BUDGETS[mode]

@@ -1,0 +1,65 @@
+"""What a GPU's host pays per step on the generic path, against mmdet 3.3's Swin with the same
+weights: Python calls and ATen operators dispatched at the top level (``benchmarks/host.py``).
+
+At detection sizes a GPU step is bound by its host, and the host's work per step does not depend
+on the device, the width or the image size: both backbones run here at Swin-T's depth (2, 2, 6,
+2) with 16 channels on 64x64 images, drop path 0.2 as mmdet's Swin-T detection configs, with
+``SWIN_RPE_BACKEND=generic`` (the path a GPU runs). How each count is taken:
+
+- Python calls: ``sys.setprofile``'s 'call' and 'c_call' events of one step (forward, loss and
+  backward; autograd runs a Function's Python backward in the calling thread on the CPU), after
+  one warm-up step. Exact: the same on every CPU and at every run.
+- Top-level ATen ops: the profiler's ``aten::`` events with no ``aten::`` ancestor, so each is
+  one trip of Python code or an autograd node through the dispatcher: views, detaches and
+  no-op casts count, an operator's internal calls do not. The relative position tables take no
+  gradient in either model: the CPU's SDPA then runs its fused kernels both ways, as a GPU's
+  does whether or not the bias takes a gradient (the CPU's math path for a bias gradient is
+  ~13 ops a call that no GPU pays).
+
+``BUDGETS`` holds our counts as measured when they were set: lower them when a change saves
+work; raising one needs a reason in the commit.
+"""
+import pytest
+
+from benchmarks.host import count_python_calls, count_top_level_ops, host_steps
+from swin_rpe_plugin.ops.dispatch import force_backend
+
+RATIOS = {('python_calls', 'train'): 0.8, ('python_calls', 'infer'): 0.8,
+          ('aten_ops', 'train'): 0.6, ('aten_ops', 'infer'): 0.45}
+
+
+def counts(mode: str, batch: int, freeze_tables: bool = True) -> dict:
+    """{side: {'python_calls': n, 'aten_ops': n}} of one step after a warm-up step."""
+    with force_backend('generic'):
+        steps, x = host_steps(mode, 'fp32', batch, freeze_tables=freeze_tables)
+        out = {}
+        for side, step in steps.items():
+            step(x)
+            out[side] = dict(python_calls=count_python_calls(step, x),
+                             aten_ops=sum(count_top_level_ops(step, x).values()))
+    return out
+
+
+@pytest.fixture(scope='module')
+def measured():
+    return {(mode, batch): counts(mode, batch) for mode in ('train', 'infer') for batch in (2, 8)}
+
+
+@pytest.mark.parametrize('mode', ['train', 'infer'])
+@pytest.mark.parametrize('what', ['python_calls', 'aten_ops'])
+def test_host_work_per_step_is_a_fraction_of_mmdets(measured, mode, what):
+    """Ours at most RATIOS x mmdet's at 2 and at 8 images, and the same count at both: no
+    Python loop over images, windows or chunks."""
+    ours = {batch: measured[mode, batch]['ours'][what] for batch in (2, 8)}
+    mmdet = {batch: measured[mode, batch]['mmdet'][what] for batch in (2, 8)}
+    for batch in (2, 8):
+        assert ours[batch] <= RATIOS[what, mode] * mmdet[batch], (batch, ours, mmdet)
+    assert ours[2] == ours[8], ours
+
+
+def test_python_calls_stay_a_fraction_of_mmdets_with_tables_that_train():
+    """Trained tables, as in fine-tuning: each layer gathers its bias with autograd (and, on
+    the CPU only, checks the index range once per index): still at most 0.8x mmdet's."""
+    measured = counts('train', 2, freeze_tables=False)
+    ours, mmdet = measured['ours']['python_calls'], measured['mmdet']['python_calls']
+    assert ours <= RATIOS['python_calls', 'train'] * mmdet, (ours, mmdet)
