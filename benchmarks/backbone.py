@@ -162,15 +162,22 @@ WORK_SIDES = ('mmdet', 'ours', 'ours_generic')
 
 
 def backbone_work(arch: str, shape: Tuple[int, int], batch: int, mode: str,
-                  dtype: str = 'fp32', profiles: bool = False) -> dict:
+                  dtype: str = 'fp32', profiles: bool = False,
+                  freeze_tables: bool = False) -> dict:
     """The exact work record of one case (``benchmarks/work.py``): mmdet's backbone, ours on the
     CPU path and ours on the generic path (``SWIN_RPE_BACKEND=generic``, what other devices
     run), same weights and input. Counts, so no timing and no memory child process.
 
-    ``profiles`` keeps each side's bytes per operator and kept bytes per producer."""
+    ``profiles`` keeps each side's bytes per operator and kept bytes per producer;
+    ``freeze_tables``: no gradient for the relative position tables, in both models (the CPU's
+    SDPA then runs its fused kernels both ways, as a GPU's does with a bias gradient too)."""
     from swin_rpe_plugin.ops.dispatch import force_backend
     from .work import count_work, side_summary
     stock, ours = build_pair(arch)
+    for model in (stock, ours) if freeze_tables else ():
+        for name, p in model.named_parameters():
+            if 'relative_position_bias_table' in name:
+                p.requires_grad_(False)
     x = torch.randn(batch, 3, *shape)
     sides = {}
     for side in WORK_SIDES:
@@ -179,4 +186,4 @@ def backbone_work(arch: str, shape: Tuple[int, int], batch: int, mode: str,
             work = count_work(step_fn(model, mode, dtype), x, model, backward=mode == 'train')
         sides[side] = work if profiles else side_summary(work)
     return dict(kind='work', arch=arch, shape=list(shape), batch=batch, mode=mode, dtype=dtype,
-                sides=sides)
+                sides=sides, **({'tables': 'frozen'} if freeze_tables else {}))

@@ -122,8 +122,10 @@ def _optim_wrapper(model: torch.nn.Module, dtype: str):
     return AutocastOptimWrapper(optimizer=optimizer, autocast_modules=['backbone', 'neck'])
 
 
-def detector_step(model: torch.nn.Module, mode: str, dtype: str = 'fp32'):
-    """step(data) for one predict (mode 'infer') or one loss + backward (mode 'train')."""
+def detector_step(model: torch.nn.Module, mode: str, dtype: str = 'fp32',
+                  release_grads: bool = True):
+    """step(data) for one predict (mode 'infer') or one loss + backward (mode 'train');
+    ``release_grads``: the train step sets the gradients to None after its backward."""
     wrapper = _optim_wrapper(model, dtype)
     if mode == 'infer':
         model.eval()
@@ -139,8 +141,9 @@ def detector_step(model: torch.nn.Module, mode: str, dtype: str = 'fp32'):
                 losses = model(**data, mode='loss')
             loss, log = model.parse_losses(losses)
             loss.backward()
-            for p in model.parameters():
-                p.grad = None
+            if release_grads:
+                for p in model.parameters():
+                    p.grad = None
             return log
     return run
 

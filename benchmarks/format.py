@@ -2,8 +2,8 @@
 the rows of the exact work counts (records of kind 'work')."""
 from typing import List, Optional
 
-__all__ = ['format_table', 'format_profile', 'format_work', 'other_steps', 'case_label',
-           'is_timed', 'work_rows', 'WORK_SIDES', 'MB']
+__all__ = ['format_table', 'format_profile', 'format_work', 'format_host', 'host_rows',
+           'other_steps', 'case_label', 'is_timed', 'work_rows', 'WORK_SIDES', 'MB']
 
 MB = 2 ** 20  # the work tables' MB, as the peak memory of the timed records
 WORK_SIDES = ('mmdet', 'ours', 'ours_generic')  # the order of a work record's sides
@@ -60,6 +60,10 @@ def case_label(record: dict) -> str:
         label += f" {record['runtime']} {record['precision']}"
     if record.get('mask_padding'):
         label += ' mask_padding'
+    if record.get('tables'):
+        label += f" tables {record['tables']}"
+    if 'drop_path_rate' in record:
+        label += f" drop path {record['drop_path_rate']:g}"
     if record.get('backend'):
         label += f" {record['backend']} path"
     return label
@@ -67,7 +71,45 @@ def case_label(record: dict) -> str:
 
 def is_timed(record: dict) -> bool:
     """A timed comparison (baseline, candidate, speedup), not an exact work count."""
-    return record.get('kind') != 'work' and 'speedup' in record
+    return record.get('kind') not in ('work', 'host', 'host-detector') and 'speedup' in record
+
+
+HOST_COLUMNS = ['case', 'python calls ours / mmdet', 'x', 'trained tables x',
+                'ATen ops ours / mmdet', 'x', 'thread ms ours / mmdet', 'x',
+                'backbone Python calls ours / mmdet', 'backbone ATen ops ours / mmdet']
+
+
+def host_rows(records: List[dict]) -> List[List[str]]:
+    """One row per host record (``benchmarks/host.py``): each count ours / mmdet and the
+    ratio; the backbone's own counts beside a whole model's."""
+    def pair(sides, key, fmt='d'):
+        if key not in sides['ours']:
+            return '-'
+        return f"{format(sides['ours'][key], fmt)} / {format(sides['mmdet'][key], fmt)}"
+
+    def ratio(record, key):
+        value = record['ratios'].get(key)
+        return '-' if value is None else f'{value:.2f}'
+    rows = []
+    for r in records:
+        if r.get('kind') not in ('host', 'host-detector'):
+            continue
+        s = r['sides']
+        case = case_label(r) if r['kind'] == 'host' else f'{case_label(r)} whole model'
+        rows.append([case, pair(s, 'python_calls'), ratio(r, 'python_calls'),
+                     ratio(r, 'python_calls_tables_trained'), pair(s, 'aten_ops'),
+                     ratio(r, 'aten_ops'), pair(s, 'thread_ms', '.2f'), ratio(r, 'thread_ms'),
+                     pair(s, 'backbone_python_calls'), pair(s, 'backbone_aten_ops')])
+    return rows
+
+
+def format_host(records: List[dict]) -> str:
+    """Aligned text table of the host records."""
+    rows = [HOST_COLUMNS] + host_rows(records)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HOST_COLUMNS))]
+    lines = [' | '.join(v.rjust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, '-+-'.join('-' * w for w in widths))
+    return '\n'.join(lines)
 
 
 def _ratio(value: Optional[float], reference: Optional[float]) -> Optional[float]:

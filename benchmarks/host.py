@@ -36,7 +36,8 @@ import torch
 from .runner import DTYPES
 
 __all__ = ['HOST_ARCH', 'HOST_SHAPE', 'build_host_pair', 'count_python_calls',
-           'count_top_level_ops', 'thread_times', 'host_record']
+           'count_top_level_ops', 'thread_times', 'host_step', 'host_steps', 'host_record',
+           'detector_host_record']
 
 # Swin-T's depth and head layout at 16 channels: the host's work per step is that of Swin-T.
 HOST_ARCH = dict(embed_dims=16, depths=(2, 2, 6, 2), num_heads=(1, 2, 4, 8))
@@ -168,34 +169,78 @@ def host_steps(mode: str, dtype: str, batch: int, drop_path_rate: float = 0.2,
     return steps, torch.randn(batch, 3, *HOST_SHAPE)
 
 
+def _side_counts(step: Callable, x, by_op: bool = True) -> dict:
+    step(x)  # warm-up: plans and caches built, as after a device's first step
+    ops = count_top_level_ops(step, x)
+    counts = dict(python_calls=count_python_calls(step, x), aten_ops=sum(ops.values()))
+    if by_op:
+        counts['aten_by_op'] = dict(ops.most_common())
+    return counts
+
+
+def _ratios(sides: dict) -> dict:
+    return {key: sides['ours'][key] / sides['mmdet'][key]
+            for key in ('python_calls', 'python_calls_tables_trained', 'aten_ops', 'thread_ms')
+            if key in sides['ours'] and sides['mmdet'].get(key)}
+
+
 def host_record(mode: str, dtype: str = 'fp32', batch: int = 2, drop_path_rate: float = 0.2,
                 repeats: int = 30, timed: bool = True) -> dict:
-    """One record: Python calls and top-level ATen ops per step of each side (tables frozen,
-    and Python calls with trainable tables too), and with ``timed`` the thread CPU time per
-    step on one thread; ratios are ours / mmdet's."""
+    """One record: Python calls and top-level ATen ops per step of each side (tables frozen;
+    in 'train' the Python calls with trained tables too), and with ``timed`` the thread CPU
+    time per step on one thread (tables frozen); ratios are ours / mmdet's."""
     from swin_rpe_plugin.ops.dispatch import force_backend
     record = dict(kind='host', arch='host-tiny', shape=list(HOST_SHAPE), batch=batch, mode=mode,
                   dtype=dtype, drop_path_rate=drop_path_rate, backend='generic', sides={})
     with force_backend('generic'), _threads(1):
         steps, x = host_steps(mode, dtype, batch, drop_path_rate)
-        for step in steps.values():  # first calls build plans and caches
-            step(x)
-        for name, step in steps.items():
-            ops = count_top_level_ops(step, x)
-            record['sides'][name] = dict(python_calls=count_python_calls(step, x),
-                                         aten_ops=sum(ops.values()),
-                                         aten_by_op=dict(ops.most_common()))
+        record['sides'] = {name: _side_counts(step, x) for name, step in steps.items()}
         if mode == 'train':
-            unfrozen, x2 = host_steps(mode, dtype, batch, drop_path_rate, freeze_tables=False)
-            for name, step in unfrozen.items():
+            trained, x2 = host_steps(mode, dtype, batch, drop_path_rate, freeze_tables=False)
+            for name, step in trained.items():
                 step(x2)
                 record['sides'][name]['python_calls_tables_trained'] = \
                     count_python_calls(step, x2)
         if timed:
             for name, seconds in thread_times(steps, x, repeats).items():
                 record['sides'][name]['thread_ms'] = seconds * 1e3
-    sides = record['sides']
-    record['ratios'] = {key: sides['ours'][key] / sides['mmdet'][key]
-                        for key in ('python_calls', 'aten_ops', 'thread_ms')
-                        if key in sides['ours']}
+    record['ratios'] = _ratios(record['sides'])
+    return record
+
+
+def detector_host_record(name: str = 'mask-rcnn', shape: Tuple[int, int] = (320, 320),
+                         batch: int = 2, mode: str = 'train') -> dict:
+    """The host counts of a whole model's step (mmdet's Swin-T config, our backbone against
+    mmdet's, same weights and batch: ``benchmarks/detector.py``) and of its backbone alone on
+    the same images, tables frozen, on the generic path: what share of a user's step the
+    backbone is. A 'train' step is the losses and their backward (no optimizer step)."""
+    from swin_rpe_plugin.ops.dispatch import force_backend
+    from .detector import build_detector, detector_step, synthetic_batch
+    stock = build_detector(name, 'mmdet')
+    ours = build_detector(name, 'ours', stock.state_dict())
+    record = dict(kind='host-detector', arch=name, shape=list(shape), batch=batch, mode=mode,
+                  dtype='fp32', backend='generic', sides={})
+    with force_backend('generic'), _threads(1):
+        data = synthetic_batch(stock, shape, mode == 'train', batch)
+        for side, model in (('mmdet', stock), ('ours', ours)):
+            for p_name, p in model.named_parameters():
+                if 'relative_position_bias_table' in p_name:
+                    p.requires_grad_(False)
+            params = [p for p in model.parameters() if p.requires_grad]
+            run = detector_step(model, mode, release_grads=False)
+
+            def step(data, run=run):
+                return run(data)
+
+            def reset(params=params):
+                for p in params:
+                    p.grad = None
+            step.reset = reset
+            whole = _side_counts(step, data, by_op=False)
+            backbone = host_step(model.backbone, mode)
+            alone = _side_counts(backbone, data['inputs'], by_op=False)
+            model.train(mode == 'train')
+            record['sides'][side] = dict(whole, backbone_python_calls=alone['python_calls'],
+                                         backbone_aten_ops=alone['aten_ops'])
+    record['ratios'] = _ratios(record['sides'])
     return record

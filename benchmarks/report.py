@@ -22,7 +22,7 @@ import textwrap
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .format import case_label, is_timed, other_steps, work_rows
+from .format import HOST_COLUMNS, case_label, host_rows, is_timed, other_steps, work_rows
 
 __all__ = ['cpu_slug', 'cpu_class', 'class_label', 'class_slug', 'load_runs', 'latest_records',
            'performance_markdown', 'work_table', 'write_chart', 'headline_markdown',
@@ -38,7 +38,8 @@ KINDS = OrderedDict([('backbone', 'Backbone: mmdet 3.3 SwinTransformer vs ours')
                       'speedup = off / on)')])
 WORK_TITLE = 'Work outside the matrix products (exact counts)'
 CASE_FIELDS = ('kind', 'arch', 'shape', 'batch', 'mode', 'dtype', 'runtime', 'precision',
-               'mask_padding', 'window', 'backend')
+               'mask_padding', 'window', 'backend', 'tables', 'drop_path_rate')
+HOST_TITLE = "What a GPU's host pays per step (exact counts, and thread time at one thread)"
 CpuClass = Tuple[str, Optional[str], Tuple[str, ...]]
 
 
@@ -215,6 +216,21 @@ def performance_markdown(by_class: Dict[CpuClass, List[dict]], chart_dir: str = 
                     '(the two largest kinds beside), the bytes kept for backward (train) and the '
                     'allocator peak; x mmdet is the ratio to mmdet\'s side; MB = 2^20 bytes.',
                     ''] + work_table(work)
+        host = host_rows(records)
+        if host:
+            out += ['', f'### {HOST_TITLE}', '',
+                    '`tools/benchmark.py --host` (`benchmarks/host.py`): on the generic path '
+                    '(what a GPU runs), Swin-T\'s depth at 16 channels on 64x64 images, where '
+                    'the arithmetic vanishes and what is left is the host\'s work per step: '
+                    'Python calls (function and C calls, `sys.setprofile`), ATen ops '
+                    'dispatched at the top level (views and no-op casts included) and the '
+                    'calling thread\'s CPU time (one thread, median of interleaved steps); '
+                    'tables frozen in both models (trained tables: Python calls only); '
+                    'x = ours / mmdet\'s. A whole-model row counts the train step of the stock '
+                    'config with each backbone and, beside it, that backbone alone.', '',
+                    '| ' + ' | '.join(HOST_COLUMNS) + ' |',
+                    '|' + '---|' * len(HOST_COLUMNS)]
+            out += ['| ' + ' | '.join(row) + ' |' for row in host]
         if timed:
             last = runs[-1]
             commanded = [run for run in runs if run.get('command')]
@@ -283,11 +299,9 @@ def headline_markdown(by_class: Dict[CpuClass, List[dict]],
     (memory ratio beside; compiled, mask_padding and generic-backend lines only on the page)
     and the date and
     commit of the runs they came from."""
-    lines = ['Ours against mmdet 3.3\'s Swin-T backbone (other sizes named; same config and '
-             'weights; eager): speedup '
-             '(memory ours/mmdet), one line per CPU class, each until that class is measured '
-             'again (transcribed: copied from a table published before JSONs were kept; '
-             'malloc: see docs/performance.md):', '',
+    lines = ['Ours against mmdet 3.3\'s Swin-T backbone (same config and weights, eager): '
+             'speedup (memory ours/mmdet) per CPU class, until that class is measured again '
+             '(transcribed: from a table published before JSONs were kept):', '',
              '| CPU class | measured | speedup (memory) per case |', '|---|---|---|']
     for key, runs in by_class.items():
         backbone = [r for r in latest_records(runs)  # eager, default options: the rest below

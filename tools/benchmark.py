@@ -5,6 +5,7 @@
         [--dtype fp32|bf16|fp16 ...] [--threads T] [--repeats R] [--quick] [--compile]
         [--no-memory] [--profile] [--runtime onnxruntime|openvino ...] [--runtime-only]
         [--detector mask-rcnn|upernet ...] [--padding-aware] [--window M (v2)] [--work]
+        [--freeze-tables] [--host]
         [--default-malloc]
         [--json bench.json]
     .venv/bin/python tools/benchmark.py --report bench.json [more.json ...]
@@ -29,6 +30,9 @@ off, which reuse needs; see ``benchmarks/runner.keep_freed_memory``):
   of the medians, ms_by_part each step's time by part (``benchmarks/padding_aware.py``).
 With --dtype bf16/fp16 both sides run under the same autocast; a dtype whose matmul peak is not
 1.5x fp32's (no native units) is skipped with a line saying so, unless --force-dtype.
+--host measures what a GPU's host pays per step, on the generic path (``benchmarks/host.py``):
+Python calls, ATen ops dispatched at the top level and thread CPU time at one thread, ours
+against mmdet with Swin-T's depth at 16 channels on 64x64 images (the arithmetic vanishes).
 --work counts instead of timing (``benchmarks/work.py``): product FLOPs, bytes moved outside the
 products (by kind), bytes kept for backward and the allocator peak, exact and the same on every
 CPU; every eager backbone record of a timed run carries the same counts under ``work``.
@@ -105,6 +109,16 @@ def parse_args(argv=None):
                    'FLOPs, bytes moved outside the products by kind, bytes kept for backward '
                    'and the allocator peak of mmdet, ours and ours on the generic path; '
                    'default 224x224 b1, infer and train, fp32 and bf16, a few seconds')
+    p.add_argument('--freeze-tables', action='store_true',
+                   help='with --work: the relative position tables take no gradient in either '
+                   'model (the CPU\'s SDPA then runs its fused kernels both ways, as a GPU\'s '
+                   'does with or without a bias gradient)')
+    p.add_argument('--host', action='store_true',
+                   help='only the host work per step on the generic path (benchmarks/host.py), '
+                   'ours against mmdet: Python calls, top-level ATen ops and thread CPU time '
+                   'at one thread, Swin-T\'s depth at 16 channels on 64x64, tables frozen; '
+                   'default train and infer, fp32 and bf16, b2 and b8, drop path 0.2 and 0; '
+                   'with --detector mask-rcnn the whole model\'s train step too')
     p.add_argument('--default-malloc', action='store_true',
                    help='time with the C library\'s default malloc, which hands blocks of 32 MiB '
                    'and more back when freed (each step then pays page faults that depend on '
@@ -122,6 +136,12 @@ def parse_args(argv=None):
     if args.window is not None and (args.window < 1 or args.arch not in V2_ARCHS):
         p.error('--window is for --arch v2-* and must be >= 1')
     whole = args.runtime or args.detector or args.padding_aware
+    if args.freeze_tables and not args.work:
+        p.error('--freeze-tables goes with --work')
+    if args.host and (args.work or args.runtime or args.padding_aware or args.compile_lines
+                      or args.arch != 'tiny'):
+        p.error('--host measures Swin-T\'s depth alone (and --detector mask-rcnn): drop '
+                '--work/--runtime/--padding-aware/--compile/--arch')
     if args.work and (args.arch in V2_ARCHS or whole):
         p.error('--work counts v1 backbones: drop --runtime/--detector/--padding-aware, use a '
                 'v1 --arch')
@@ -240,10 +260,34 @@ def provenance(argv) -> dict:
 
 def work_main(args, argv, machine) -> int:
     """--work: the exact counts of every case, mode and dtype (fp32 and bf16 by default)."""
-    records = [dict(backbone_work(args.arch, shape, batch, mode, dtype), **machine)
+    records = [dict(backbone_work(args.arch, shape, batch, mode, dtype,
+                                  freeze_tables=args.freeze_tables), **machine)
                for dtype in dict.fromkeys(args.dtype or ['fp32', 'bf16'])
                for shape, batch in cases_of(args) for mode in args.mode or ['infer', 'train']]
     print(format_work(records))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(dict(machine, **provenance(argv), records=records), f, indent=1)
+        print(f'wrote {args.json}')
+    return 0
+
+
+def host_main(args, argv, machine) -> int:
+    """--host: the host work records (every mode, dtype, batch and drop path asked)."""
+    from benchmarks.format import format_host
+    from benchmarks.host import detector_host_record, host_record
+    cases = [(mode, dtype, batch, rate) for mode in args.mode or ['train', 'infer']
+             for dtype in dict.fromkeys(args.dtype or ['fp32', 'bf16'])
+             for batch in ([args.batch] if args.batch else [2, 8]) for rate in (0.2, 0.0)]
+    records = []
+    for mode, dtype, batch, rate in tqdm(cases, desc='host', unit='case'):
+        records.append(dict(host_record(mode, dtype, batch, rate, args.repeats), **machine))
+    for name in args.detector or []:
+        if name != 'mask-rcnn':
+            print(f'skip {name}: --host counts the Mask R-CNN train step only')
+            continue
+        records.append(dict(detector_host_record(name), **machine))
+    print(format_host(records))
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(dict(machine, **provenance(argv), records=records), f, indent=1)
@@ -273,6 +317,8 @@ def main(argv=None, restart: bool = False) -> int:
     machine = machine_info(args.threads)
     if args.work:
         return work_main(args, argv, machine)
+    if args.host:
+        return host_main(args, argv, machine)
     env = restart_env() if restart and not args.default_malloc else None
     if env is not None:
         sys.stdout.flush()

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from benchmarks.format import MB, format_work, work_rows
-from benchmarks.report import (HEADLINE, WORK_TITLE, class_label, class_slug, cpu_class,
+from benchmarks.format import MB, format_host, format_work, work_rows
+from benchmarks.report import (HEADLINE, HOST_TITLE, WORK_TITLE, class_label, class_slug, cpu_class,
                                headline_markdown, load_gpu_runs, load_runs,
                                performance_markdown, write_report)
 from benchmarks.runner import KEPT_MALLOC
@@ -189,6 +189,50 @@ def test_report_takes_work_records_beside_timed_ones(tmp_path):
     assert len(charts) == 1
     import matplotlib.image
     assert matplotlib.image.imread(charts[0]).ndim == 3
+
+
+def _host_records():
+    """A backbone host record and a whole-model one, numbers chosen so every ratio is exact."""
+    backbone = dict(kind='host', arch='host-tiny', shape=[64, 64], batch=2, mode='train',
+                    dtype='fp32', drop_path_rate=0.2, backend='generic',
+                    sides={'mmdet': dict(python_calls=4000, python_calls_tables_trained=4000,
+                                         aten_ops=2000, thread_ms=40.0),
+                           'ours': dict(python_calls=2000, python_calls_tables_trained=2400,
+                                        aten_ops=1000, thread_ms=30.0)},
+                    ratios=dict(python_calls=0.5, python_calls_tables_trained=0.6,
+                                aten_ops=0.5, thread_ms=0.75))
+    whole = dict(kind='host-detector', arch='mask-rcnn', shape=[320, 320], batch=2,
+                 mode='train', dtype='fp32', backend='generic',
+                 sides={'mmdet': dict(python_calls=10000, aten_ops=5000,
+                                      backbone_python_calls=4000, backbone_aten_ops=2000),
+                        'ours': dict(python_calls=8000, aten_ops=4000,
+                                     backbone_python_calls=2000, backbone_aten_ops=1000)},
+                 ratios=dict(python_calls=0.8, aten_ops=0.8))
+    return [backbone, whole]
+
+
+def test_report_takes_host_records_in_a_table_of_their_own(tmp_path):
+    """Host counts (tools/benchmark.py --host): ours / mmdet and the ratio per count, the
+    backbone's own beside a whole model's; no other table, headline line or chart bar."""
+    run = _run()
+    run['records'] += _host_records()
+    (tmp_path / 'README.md').write_text(f'x\n{HEADLINE[0]}\n{HEADLINE[1]}\n')
+    written = write_report(_write(tmp_path, [run]), str(tmp_path))
+    doc = (tmp_path / 'docs' / 'performance.md').read_text()
+    section = doc.split(f'### {HOST_TITLE}\n', 1)[1].split('###', 1)[0]
+    rows = [line.split(' | ') for line in section.splitlines() if line.startswith('| host-')
+            or line.startswith('| mask-rcnn')]
+    assert rows[0][1:8] == ['2000 / 4000', '0.50', '0.60', '1000 / 2000', '0.50',
+                            '30.00 / 40.00', '0.75']
+    assert rows[0][0] == '| host-tiny 64x64 b2 train fp32 drop path 0.2 generic path'
+    assert rows[1][0].endswith('whole model') and rows[1][1:5] == [
+        '8000 / 10000', '0.80', '-', '4000 / 5000']
+    assert rows[1][8:] == ['2000 / 4000', '1000 / 2000 |']
+    assert doc.count('64x64 b2 train') == 1 and doc.count('320x320') == 1
+    readme = (tmp_path / 'README.md').read_text()
+    assert '64x64 b2' not in readme and '320x320' not in readme
+    assert len([p for p in written if p.endswith('.png')]) == 1
+    assert format_host(_host_records()).splitlines()[2].split(' | ')[2].strip() == '0.50'
 
 
 def test_a_class_with_work_counts_only_gets_no_chart(tmp_path):
