@@ -13,8 +13,12 @@ per step: two autograd Functions per block, whose backwards are straight sequenc
 ops (no nested autograd pass, no Python callback), no cast, reshape or detach that changes
 nothing, and facts (dtype, drop path) read once per block. Memory stays lean: the Functions
 keep their inputs and recompute the norms, the window gather and GELU in backward (the GEMMs
-are never recomputed); the output projection runs in window order, so it keeps SDPA's output,
-which SDPA keeps anyway (unshifted blocks; shifted blocks unfold their windows once).
+are never recomputed); q, k and v are views of the qkv projection in every block, and the
+output projection runs in window order, so it keeps SDPA's output, which SDPA keeps anyway.
+Shifted blocks add the shift mask to the bias once per window ([nW, heads, N, N]) and expand
+it over the images (one copy, which measured leaner than folding the windows into the heads:
+that copies q, k, v and the output instead; tables frozen, Swin-T 512x512 b2 fp32, allocator
+peak 0.648x of mmdet's against 0.654x).
 
 Under autocast the products run in autocast's dtype (F.linear casts in forward; the backwards,
 which run outside autocast, cast the weights again instead of keeping their casts), the norms
