@@ -20,7 +20,8 @@ from ..ops import (NormPrefix, WindowPlan, cached_window_plan, gather_relative_p
                    gather_tokens, gelu_grad_in_place, linear, linear_keeping_input,
                    linear_residual, linear_with_recomputed_input, relative_position_index,
                    table_rows, to_window_tuple, traceable_window_plan, window_attention_qkv)
-from ..ops.dispatch import autocast_context, is_tracing
+from ..ops.dispatch import autocast_context, compute_dtype, is_tracing
+from ..ops.linear import cached_cast
 from ..ops.generic_block import patch_merge, swin_block
 
 HW = Tuple[int, int]
@@ -119,7 +120,7 @@ class PatchMerging(nn.Module):
         Backward keeps x, not the neighbourhoods and their norm (two tensors of x's size that
         a copy and a norm give back): x is the stage output, which the output norm keeps.
         ``generic``: as ``SwinBlock.forward``'s (``ops.generic_block.patch_merge``)."""
-        norm = self._modules['norm']
+        norm = self._modules.get('norm')  # None: an attribute, not a module
         if generic and self.stride == 2 and is_layer_norm(norm):
             h, w = hw_shape
             params = norm._parameters
@@ -484,12 +485,17 @@ class SwinBlock(nn.Module):
         qkv, proj = w_msa._modules['qkv']._parameters, w_msa._modules['proj']._parameters
         fc1, fc2 = fc['0']._modules['0']._parameters, fc['1']._parameters
         n1, n2 = norm1._parameters, norm2._parameters
+        linears = [qkv['weight'], qkv['bias'], proj['weight'], proj['bias'], fc1['weight'],
+                   fc1['bias'], fc2['weight'], fc2['bias']]
+        if not torch.is_grad_enabled():
+            dtype = compute_dtype(x)
+            if dtype != linears[0].dtype:  # inference under autocast: the last call's casts
+                linears = [None if t is None else cached_cast(t, dtype) for t in linears]
         drop_path = (_drop_prob(attn['drop']), _drop_prob(ffn['dropout_layer']))
         return swin_block(
             x, plan, w_msa.num_heads, w_msa.scale, w_msa.relative_position_bias(False, False),
-            (n1['weight'], n1['bias'], norm1.eps), (qkv['weight'], qkv['bias']),
-            (proj['weight'], proj['bias']), (n2['weight'], n2['bias'], norm2.eps),
-            (fc1['weight'], fc1['bias']), (fc2['weight'], fc2['bias']), drop_path)
+            (n1['weight'], n1['bias'], norm1.eps), linears[0:2], linears[2:4],
+            (n2['weight'], n2['bias'], norm2.eps), linears[4:6], linears[6:8], drop_path)
 
 
 # mmcv's drop path (and the identity it is at rate 0): what the generic block draws itself

@@ -42,6 +42,7 @@ __all__ = ['swin_block', 'patch_merge', 'drop_path_keep']
 
 _layer_norm = torch.native_layer_norm
 _layer_norm_backward = torch.ops.aten.native_layer_norm_backward
+_gelu_ = torch.ops.aten.gelu_
 
 
 def drop_path_keep(batch: int, drop_prob: float, dtype: torch.dtype, device) -> Tensor:
@@ -143,16 +144,25 @@ class _NormMLP(torch.autograd.Function):
                 grad_fc1_bias, grad_fc2_weight, grad_fc2_bias, None)
 
 
+# Inference: the same computations without autograd, each intermediate let go as soon as the
+# next is made, GELU in place (no second tensor of 4 channel-widths) and the residual added
+# into the branch's output where their dtypes agree.
+
 def _norm_windows_qkv(x, norm_weight, norm_bias, eps, index, zeros, scatter, weight, bias):
-    y = _layer_norm(x, x.shape[-1:], norm_weight, norm_bias, eps)[0]
-    return F.linear(_gather(y, index, zeros), weight, bias)
+    return F.linear(_gather(_layer_norm(x, x.shape[-1:], norm_weight, norm_bias, eps)[0],
+                            index, zeros), weight, bias)
 
 
 def _norm_mlp(x, norm_weight, norm_bias, eps, fc1_weight, fc1_bias, fc2_weight, fc2_bias,
               keep):
-    y = _layer_norm(x, x.shape[-1:], norm_weight, norm_bias, eps)[0]
-    out = F.linear(F.gelu(F.linear(y, fc1_weight, fc1_bias)), fc2_weight, fc2_bias)
-    return x + out if keep is None else torch.addcmul(x, out, keep)
+    out = F.linear(_layer_norm(x, x.shape[-1:], norm_weight, norm_bias, eps)[0], fc1_weight,
+                   fc1_bias)
+    out = F.linear(_gelu_(out), fc2_weight, fc2_bias)
+    return _add_residual(x, out) if keep is None else torch.addcmul(x, out, keep)
+
+
+def _add_residual(x: Tensor, out: Tensor) -> Tensor:
+    return out.add_(x) if out.dtype == x.dtype else x + out
 
 
 def swin_block(x: Tensor, plan, heads: int, scale: float, bias: Tensor,
@@ -203,7 +213,10 @@ def swin_block(x: Tensor, plan, heads: int, scale: float, bias: Tensor,
         ffn_keep = drop_path_keep(b, drop_path[1], qkv_out.dtype, x.device)
     # The projection in window order (it keeps SDPA's output), then back to map order.
     out = _gather(F.linear(out, *proj).view(b, -1, c), plan.scatter, False)
-    x = x + out if attn_keep is None else torch.addcmul(x, out, attn_keep)
+    if attn_keep is not None:
+        x = torch.addcmul(x, out, attn_keep)
+    else:
+        x = x + out if grad else _add_residual(x, out)
     if grad:
         return apply_function(_NormMLP, x, *norm2, *fc1, *fc2, ffn_keep)
     return _norm_mlp(x, *norm2, *fc1, *fc2, ffn_keep)
