@@ -65,9 +65,10 @@ def suite_rule(path: str = SUITE_RULE) -> list:
             if not line.strip() or line.startswith('#'):
                 continue
             parts = [p.strip() for p in line.split(' | ')]
-            if len(parts) != 3 or parts[0] not in ('path', 'marker', 'code', 'toolkit'):
+            if len(parts) != 3 or parts[0] not in ('path', 'marker', 'code', 'toolkit',
+                                                   'harness'):
                 raise ValueError(f'{path}:{number}: want "kind | pattern | why" with kind '
-                                 f'path, marker, code or toolkit: {line.strip()!r}')
+                                 f'path, marker, code, toolkit or harness: {line.strip()!r}')
             rows.append(tuple(parts))
     return rows
 

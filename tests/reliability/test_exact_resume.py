@@ -24,7 +24,7 @@ pytestmark = pytest.mark.heavy  # minutes: scheduled first (tests/conftest.py)
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SEG = os.path.join(ROOT, 'configs/synthetic/upernet_swin-rpe-tiny_shapes-128x128.py')
-ITERS, INTERVAL, KILL_AT = 6, 2, 3
+ITERS, INTERVAL, KILL_AT = 4, 2, 3
 
 CONFIG = """
 _base_ = [{seg!r}]
