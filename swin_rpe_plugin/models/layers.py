@@ -21,7 +21,6 @@ from ..ops import (NormPrefix, WindowPlan, cached_window_plan, gather_relative_p
                    linear_residual, linear_with_recomputed_input, relative_position_index,
                    table_rows, to_window_tuple, traceable_window_plan, window_attention_qkv)
 from ..ops.dispatch import autocast_context, compute_dtype, is_tracing
-from ..ops.linear import cached_cast
 from ..ops.generic_block import patch_merge, swin_block
 
 HW = Tuple[int, int]
@@ -490,12 +489,25 @@ class SwinBlock(nn.Module):
         if not torch.is_grad_enabled():
             dtype = compute_dtype(x)
             if dtype != linears[0].dtype:  # inference under autocast: the last call's casts
-                linears = [None if t is None else cached_cast(t, dtype) for t in linears]
+                linears = self._kept_casts(linears, dtype)
         drop_path = (_drop_prob(attn['drop']), _drop_prob(ffn['dropout_layer']))
         return swin_block(
             x, plan, w_msa.num_heads, w_msa.scale, w_msa.relative_position_bias(False, False),
             (n1['weight'], n1['bias'], norm1.eps), linears[0:2], linears[2:4],
             (n2['weight'], n2['bias'], norm2.eps), linears[4:6], linears[6:8], drop_path)
+
+
+    def _kept_casts(self, tensors: list, dtype: torch.dtype) -> list:
+        """``tensors`` (the linears' parameters) in ``dtype``, kept from the last call while
+        none of them changed (version and storage): autocast casts every weight in every
+        forward, a pass over the model and a launch per tensor. One key per block, not one
+        lookup per tensor (as ``ops.linear`` keeps its casts), for the host's sake."""
+        key = [dtype] + [None if t is None else (t._version, t.data_ptr()) for t in tensors]
+        kept = self.__dict__.get('_casts')
+        if kept is None or kept[0] != key:
+            kept = (key, [None if t is None else t.detach().to(dtype) for t in tensors])
+            self.__dict__['_casts'] = kept
+        return kept[1]
 
 
 # mmcv's drop path (and the identity it is at rate 0): what the generic block draws itself

@@ -24,7 +24,7 @@ from ..compat import (WeakIdKeyDictionary, custom_op, is_compiling, is_exporting
                       native_products, onednn_linear_op)
 from .dispatch import choose_kernel, compute_dtype, is_tracing, use_cpu_fast_paths
 
-__all__ = ['linear', 'linear_residual', 'fuses_residual', 'onednn_available', 'cached_cast']
+__all__ = ['linear', 'linear_residual', 'fuses_residual', 'onednn_available']
 
 _OP = onednn_linear_op()
 _OP_BINARY = getattr(_OP, 'binary', None)  # + a tensor in the epilogue (linear_residual)
@@ -128,7 +128,7 @@ _linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
 _CASTS = WeakIdKeyDictionary()
 
 
-def cached_cast(t: Tensor, dtype: torch.dtype) -> Tensor:
+def _cast_parameter(t: Tensor, dtype: torch.dtype) -> Tensor:
     """A parameter in ``dtype``: at inference the cast made at the last call while the
     parameter is unchanged (autocast casts every weight again in every forward: a pass over
     the model), under autograd or a compiler a fresh, differentiable cast."""
@@ -155,8 +155,8 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     if gelu and not _needs_grad(x, weight, bias) and onednn_available(x, 'linear_gelu') \
             and weight.dtype.is_floating_point:
         dtype = compute_dtype(x)  # inference: GELU in the product's epilogue, one pass less
-        return _linear_op(x.to(dtype), cached_cast(weight, dtype),
-                          None if bias is None else cached_cast(bias, dtype), True)
+        return _linear_op(x.to(dtype), _cast_parameter(weight, dtype),
+                          None if bias is None else _cast_parameter(bias, dtype), True)
     if gelu:  # a gradient through GELU, or no fused epilogue: the product, then GELU
         out = linear(x, weight, bias)
         if _needs_grad(x, weight, bias) or is_tracing(x):
@@ -171,13 +171,13 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
                 and weight.dtype.is_floating_point and not torch.jit.is_tracing():
             # Inference under autocast: the weights' casts kept from the last call (autocast
             # would cast every weight again in every forward: a pass over the model).
-            weight = cached_cast(weight, dtype)
-            bias = None if bias is None else cached_cast(bias, dtype)
+            weight = _cast_parameter(weight, dtype)
+            bias = None if bias is None else _cast_parameter(bias, dtype)
         return F.linear(x, weight, bias)
     dtype = compute_dtype(x)
     # oneDNN ops are outside autocast's reach: cast as autocast would (differentiably).
-    x, weight = x.to(dtype), cached_cast(weight, dtype)
-    bias = None if bias is None else cached_cast(bias, dtype)
+    x, weight = x.to(dtype), _cast_parameter(weight, dtype)
+    bias = None if bias is None else _cast_parameter(bias, dtype)
     return _linear_op(x, weight, bias, False)
 
 
@@ -219,8 +219,8 @@ def linear_residual(x: Tensor, weight: Tensor, bias: Optional[Tensor],
         return residual + linear(x, weight, bias)
     if onednn_available(x):
         dtype = compute_dtype(x)
-        return _linear_op(x.to(dtype), cached_cast(weight, dtype),
-                          None if bias is None else cached_cast(bias, dtype), False,
+        return _linear_op(x.to(dtype), _cast_parameter(weight, dtype),
+                          None if bias is None else _cast_parameter(bias, dtype), False,
                           residual)
     # 2-D from the start: addmm_ on a view of the sum would make autograd rebase the view.
     flat = residual.reshape(-1, residual.shape[-1])

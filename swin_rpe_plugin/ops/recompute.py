@@ -99,7 +99,7 @@ class _LinearRecomputedInput(torch.autograd.Function):
         ctx.generic = not use_cpu_fast_paths(x)
         ctx.save_for_backward(x, weight, *prefix_params)
         if ctx.autocast[2] and weight.is_floating_point():
-            weight = weight.to(ctx.autocast[1])  # not cached_cast's cache: freed now
+            weight = weight.to(ctx.autocast[1])  # not _cast_parameter's cache: freed now
         with torch.no_grad():
             y = prefix(x)
             ctx.product_dtype = compute_dtype(y)
