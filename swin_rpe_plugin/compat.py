@@ -275,13 +275,13 @@ _functorch_active = torch._C._are_functorch_transforms_active
 
 
 def apply_function(function: type, *args) -> Any:
-    """``function.apply(*args)`` for an autograd Function written as ``forward(ctx, ...)``.
+    """``function.apply(*args)`` for an autograd Function written as ``forward(ctx, ...)``,
+    called outside compilers (dynamo cannot trace the C ``apply``: callers run plain ops there).
 
     ``Function.apply`` (every torch from 2.1 on) first walks its arguments with a pytree for
     functorch's dead wrappers, about 20 Python calls a call with a block's ten arguments, then
     calls the C ``apply``; outside functorch transforms (vmap, grad) that walk finds nothing,
-    so this calls the C ``apply`` directly (two Python calls). Under a transform, the full
-    ``Function.apply``."""
+    so this calls the C ``apply`` directly. Under a transform, the full ``Function.apply``."""
     if _functorch_active():
         return function.apply(*args)
     return super(torch.autograd.Function, function).apply(*args)

@@ -15,7 +15,7 @@ from mmcv.cnn.bricks.drop import DropPath
 from mmcv.cnn.bricks.transformer import build_dropout
 from torch import Tensor
 
-from ..compat import plan_outside_graph
+from ..compat import is_compiling, plan_outside_graph
 from ..ops import (NormPrefix, WindowPlan, cached_window_plan, gather_relative_position_bias,
                    gather_tokens, gelu_grad_in_place, linear, linear_keeping_input,
                    linear_residual, linear_with_recomputed_input, relative_position_index,
@@ -120,7 +120,7 @@ class PatchMerging(nn.Module):
         a copy and a norm give back): x is the stage output, which the output norm keeps.
         ``generic``: as ``SwinBlock.forward``'s (``ops.generic_block.patch_merge``)."""
         norm = self._modules.get('norm')  # None: an attribute, not a module
-        if generic and self.stride == 2 and is_layer_norm(norm):
+        if generic and self.stride == 2 and is_layer_norm(norm) and not is_compiling():
             h, w = hw_shape
             params = norm._parameters
             out = patch_merge(x, hw_shape, (params['weight'], params['bias'], norm.eps),
@@ -441,8 +441,10 @@ class SwinBlock(nn.Module):
                 generic: bool = False) -> Tensor:
         """x: [B, H*W, C] -> [B, H*W, C]. ``generic``: the caller found x on the generic path
         outside tracers (``ops.dispatch.runs_generic_block``), so a plain V1 block runs
-        ``ops.generic_block.swin_block`` with the plan given."""
-        if generic and self.generic_block_applies():
+        ``ops.generic_block.swin_block`` with the plan given. Asked again here whether a
+        compiler traces this call: torch 2.1's dynamo runs a frame eagerly after a graph break
+        in its loop and traces the frames it calls, so a stage's answer can be an eager one."""
+        if generic and not is_compiling() and self.generic_block_applies():
             return self.forward_generic(x, plan)
 
         def inner(x: Tensor) -> Tensor:

@@ -25,8 +25,9 @@ which run outside autocast, cast the weights again instead of keeping their cast
 and the residual stream stay in the input's dtype, as in mmdet's Swin. Drop path is mmcv's
 (the same random draw per image, in the same order: attention branch, then FFN branch).
 
-Eligibility (LayerNorm norms, exact GELU, no dropout, not under tracers) is the caller's:
-``models/layers.SwinBlock``. Imports torch only.
+Eligibility (LayerNorm norms, exact GELU, no dropout, eager mode: tracers, exporters and
+compilers see the modules' plain ops) is the caller's: ``models/layers.SwinBlock``. Imports
+torch only.
 """
 from typing import Optional, Tuple
 
