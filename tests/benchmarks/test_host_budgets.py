@@ -16,9 +16,9 @@ on the device, the width or the image size: both backbones run here at Swin-T's 
   does whether or not the bias takes a gradient (the CPU's math path for a bias gradient is
   ~13 ops a call that no GPU pays).
 
-Measured 2026-12-05 (4759d39; before it, 57855b8): train fp32 Python calls 2,315 (12,614) vs
-mmdet's 3,866, ATen ops 1,281 (1,775) vs 2,359; infer fp32 1,408 (5,403) vs 3,768 and 315 (435)
-vs 929; bf16 train 2,425 vs 3,881 and 1,406 vs 2,488, bf16 infer 1,612 vs 3,791.
+Measured 2026-12-05 (a6a0415; before it, 57855b8): train fp32 Python calls 2,345 (12,614) vs
+mmdet's 3,866, ATen ops 1,281 (1,775) vs 2,359; infer fp32 1,438 (5,403) vs 3,768 and 315 (435)
+vs 929; bf16 train 2,455 vs 3,881 and 1,406 vs 2,488, bf16 infer 1,642 vs 3,791.
 """
 import pytest
 import torch
