@@ -13,13 +13,17 @@ ONE_STAGE = dict(TINY, depths=(2,), num_heads=(1,), strides=(4,), out_indices=(0
 
 
 def test_compiled_equals_eager_in_eval_and_train():
-    """Eval: the two-stage backbone. Train: one stage (shifted and unshifted blocks, padding
-    masked): torch 2.1's inductor takes about 100 s on 2 cores for the two-stage training
-    graphs. Patch merging (a LayerNorm and a linear) trains compiled with 'aot_eager' in
-    tests/ops/test_compiled_fast_paths.py."""
+    """Eval: the two-stage backbone where the torch traces the window plan (2.5+), one stage
+    below. Train: one stage (shifted and unshifted blocks, padding masked). Torch 2.1's inductor
+    spends minutes in its C++ code generator on the two-stage graphs (eval: 851 s of the compat
+    suite on an Intel Xeon 6/207, against 88 s on torch 2.13); its patch merging (the 2x2
+    neighbourhoods, a LayerNorm and a linear) is compiled by inductor in SwinV2's test below
+    and trains compiled with 'aot_eager' in tests/ops/test_compiled_fast_paths.py."""
+    from swin_rpe_plugin.compat import _COMPILE_TRACES_WINDOW_PLAN
     torch.manual_seed(0)
     x = torch.randn(2, 3, 97, 131)
-    for config, train in ((TINY, False), (ONE_STAGE, True)):
+    eval_config = TINY if _COMPILE_TRACES_WINDOW_PLAN else ONE_STAGE
+    for config, train in ((eval_config, False), (ONE_STAGE, True)):
         model = SwinTransformer(**config, mask_padding=True)
         model.init_weights()
         compiled = torch.compile(model)
