@@ -84,8 +84,13 @@ if [ "$build_mmcv" = 1 ] && ! ls "$cache"/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
   tmp=$(mktemp -d)
   # -g0: no debug info. Python's own CFLAGS carry -g, which nearly triples the compile time of
   # each op (nms.cpp against torch 2.1: 27.8 s with -O3 -g, 10.7 s with -O3 -g0) and changes
-  # nothing the ops compute.
-  CFLAGS="${CFLAGS:-} -g0" PATH=$venv/bin:$PATH MAX_JOBS=${MAX_JOBS:-2} MMCV_WITH_OPS=1 \
+  # nothing the ops compute. tools/cxx_with_pch.sh parses torch's headers once for all the ops
+  # (precompiled header; nms.cpp: 8.4 s -> 1.9 s) where the compiler is GCC.
+  compiler=()
+  if [ -z "${CXX:-}" ] && c++ -v 2>&1 | grep -q '^gcc version'; then
+    compiler=(CXX="$root/tools/cxx_with_pch.sh" CXX_WITH_PCH_DIR="$tmp/pch")
+  fi
+  env ${compiler[@]+"${compiler[@]}"} CFLAGS="${CFLAGS:-} -g0" PATH="$venv/bin:$PATH" MAX_JOBS="${MAX_JOBS:-2}" MMCV_WITH_OPS=1 \
     "$venv/bin/python" -m pip wheel --disable-pip-version-check --no-cache-dir --no-build-isolation --no-deps \
     -w "$tmp" mmcv==2.1.0
   mv "$tmp"/mmcv-2.1.0-*.whl "$cache"/ && rm -rf "$tmp"
