@@ -23,7 +23,8 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
 PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
-# pytest-xdist 3.6.1 (the last for Python 3.8) has no --no-loadscope-reorder
+# pytest-xdist 3.6.1 (the last for Python 3.8) has no --no-loadscope-reorder: tests/conftest.py's
+# pytest_xdist_make_scheduler keeps the collection's order there
 PYTEST_COMPAT := -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test: setup

@@ -1,4 +1,5 @@
 import ast
+import collections
 import functools
 import io
 import json
@@ -227,8 +228,9 @@ def pytest_collection_modifyitems(config, items):
     in ``swin_rpe_plugin.compat``) are deselected, and counted as such: on torch 2.1 there is
     no registered op to check. Then files marked ``heavy`` (minutes each) first, the rest in
     their order: `make test` hands whole files to its workers in this order
-    (``--no-loadscope-reorder``), so the run ends on short files instead of one worker
-    finishing a heavy file alone while the other idles."""
+    (``--no-loadscope-reorder``; pytest_xdist_make_scheduler below where xdist lacks it), so
+    the run ends on short files instead of one worker finishing a heavy file alone while the
+    other idles."""
     select_suite(config, items)
     if compat.TORCH_VERSION <= (2, 1):  # the oldest environment's known failures
         for item in items:
@@ -241,6 +243,38 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=lacking)
         items[:] = [item for item in items if item not in lacking]
     items.sort(key=lambda item: item.get_closest_marker('heavy') is None)
+
+
+class CollectionOrderQueue(collections.OrderedDict):
+    """pytest-xdist's queue of test files (file -> its tests), handing out first the file that
+    comes first in the collection, whatever order the files were queued in."""
+
+    def __init__(self, scheduler):
+        super().__init__()
+        self.scheduler = scheduler
+
+    def popitem(self, last=True):
+        if last:
+            return super().popitem(last=True)
+        rank = {}
+        for nodeid in self.scheduler.collection:
+            rank.setdefault(nodeid.split('::', 1)[0], len(rank))
+        first = min(self, key=rank.__getitem__)
+        return first, self.pop(first)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` in the collection's order (heavy files first, above) where xdist has no
+    `--no-loadscope-reorder`: 3.6.1, the last for Python 3.8 (.venv-compat), queues the files
+    with most tests first, which left the compile tests to the end of the compat suite, on one
+    worker while the other idled."""
+    if config.getoption('dist') != 'loadfile' or hasattr(config.option, 'loadscopereorder'):
+        return None  # xdist's own scheduling
+    from xdist.scheduler import LoadFileScheduling
+    scheduler = LoadFileScheduling(config, log)
+    scheduler.workqueue = CollectionOrderQueue(scheduler)
+    return scheduler
 
 
 def free_port() -> int:

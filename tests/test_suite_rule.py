@@ -170,3 +170,43 @@ def test_the_rule_names_existing_tests_and_every_tool_of_the_readme(request):
             named += f.read()
     unrun = [t for t in sorted(tools - harness) if t not in named]
     assert not unrun, f'tools of the README no test of the compat selection runs: {unrun}'
+
+
+class FakeWorker:
+    """What xdist's scheduler asks of a worker: an id, tests to run (collection indices)."""
+    shutting_down = False
+
+    def __init__(self, name):
+        self.gateway = type('Gateway', (), {'id': name})()
+        self.sent = []
+
+    def send_runtest_some(self, indices):
+        self.sent.extend(indices)
+
+    def shutdown(self):
+        pass
+
+
+def test_workers_get_whole_files_in_the_collection_order():
+    """`make test`'s `--dist loadfile` hands whole files out in the order tests/conftest.py
+    collected them (heavy files first), with the installed xdist's own scheduler: 3.7+ with
+    `--no-loadscope-reorder`, 3.6.1 (Python 3.8) through conftest's pytest_xdist_make_scheduler;
+    xdist's default queues the files with most tests first."""
+    import xdist
+    from conftest import pytest_xdist_make_scheduler
+    from xdist.scheduler import LoadFileScheduling
+    option = type('Option', (), {'dist': 'loadfile'})()
+    if tuple(int(p) for p in xdist.__version__.split('.')[:2]) >= (3, 7):
+        option.loadscopereorder = False  # --no-loadscope-reorder, as the Makefile passes
+    config = type('Config', (), {'option': option, 'getoption': lambda self, name: 'loadfile',
+                                 'getvalue': lambda self, name: ['2*popen']})()
+    scheduler = pytest_xdist_make_scheduler(config, None) or LoadFileScheduling(config)
+    collection = ['tests/heavy.py::test_a', 'tests/few.py::test_a', 'tests/few.py::test_b',
+                  'tests/many.py::test_a', 'tests/many.py::test_b', 'tests/many.py::test_c']
+    workers = [FakeWorker('gw0'), FakeWorker('gw1')]
+    for worker in workers:
+        scheduler.add_node(worker)
+        scheduler.add_node_collection(worker, collection)
+    scheduler.schedule()
+    first = [collection[w.sent[0]].split('::')[0] for w in workers]
+    assert first == ['tests/heavy.py', 'tests/few.py'], first
