@@ -180,7 +180,12 @@ def test_runtimes_against_eager_every_precision_this_cpu_runs(monkeypatch):
     with RuntimeExports('micro', threads=1) as exports:
         for runtime in usable:
             for precision in runtime.precisions():
-                for shape, batch in (((64, 96), 1), ((97, 75), 2)):  # neither is the export's
+                # Neither size is the export's; f32 at both (the dynamic export's exact answer
+                # at two sizes), the other precisions at the odd size and batch only: each of
+                # those cases loads (int8: quantizes) both exports afresh and shows nothing that
+                # another size adds.
+                cases = (((64, 96), 1), ((97, 75), 2))
+                for shape, batch in cases if precision == 'f32' else cases[1:]:
                     c = exports.comparison(runtime, precision, shape, batch)
                     r = dict(run_comparison(c, repeats=1, threads=1), cpu='test', threads=1)
                     name = runtime.name
