@@ -25,7 +25,7 @@ __all__ = ['TORCH_FLOOR', 'TORCH_VERSION', 'check_torch', 'HAS_CUSTOM_OP', 'cust
            'cpu_capability', 'HAS_DYNAMO_EXPORTER', 'HAS_SAFE_GLOBALS',
            'TRACED_SDPA_EXPORTS', 'register_load_state_dict_pre_hook', 'SDPA_TAKES_FLOAT_MASK', 'default_device',
            'CPU_FLASH_TAKES_MASK',
-           'gelu_backward_', 'weights_only_globals', 'apply_function']
+           'gelu_backward_', 'weights_only_globals', 'apply_function', 'has_forward_hooks']
 
 TORCH_FLOOR = (2, 1)
 
@@ -401,3 +401,18 @@ def cpu_capability() -> str:
     """ATen's CPU instruction set ('AVX512', 'AVX2', ...); 'DEFAULT' where unknown."""
     getter = getattr(getattr(torch.backends, 'cpu', None), 'get_cpu_capability', None)
     return getter() if getter is not None else 'DEFAULT'
+
+
+_module_globals = torch.nn.modules.module
+
+
+def has_forward_hooks(*modules: torch.nn.Module) -> bool:
+    """Whether calling any of ``modules`` would run a forward hook or pre-hook: its own, or a
+    global one (``register_module_forward_hook``). The dicts are torch's private attributes
+    (every torch from 2.1 has them under these names); ``nn.Module.__call__`` reads the same."""
+    if _module_globals._global_forward_hooks or _module_globals._global_forward_pre_hooks:
+        return True
+    for module in modules:
+        if module._forward_hooks or module._forward_pre_hooks:
+            return True
+    return False

@@ -18,6 +18,11 @@ is made RNG-neutral in every run (states saved before it and restored after it):
 uninterrupted run validates after a checkpoint and the resumed one does not, so validation
 must not move the training streams. ``load_from`` (fine-tuning, not resuming) restores nothing.
 
+Distributed runs: every rank has its own streams (our tools seed rank r with seed + r,
+docs/training.md), and only rank 0 writes checkpoints, so after each iteration the ranks'
+states are gathered to rank 0 (a few KiB each) and saved as ``rng_state_per_rank``; on resume
+rank r restores its own, when the world size is the one that saved them.
+
 Not covered (docs/reliability-and-security.md): dataloader workers (``num_workers > 0``) draw from streams
 seeded per worker at iterator creation, which a mid-epoch resume does not recreate the same way;
 CUDA kernels that are nondeterministic unless ``randomness.deterministic=True``.
@@ -27,6 +32,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+from mmengine.dist import all_gather_object, get_rank, get_world_size
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.runner.loops import _InfiniteDataloaderIterator
@@ -36,6 +42,7 @@ from ..registry import HOOKS
 __all__ = ['RNGStateHook', 'capture_rng_state', 'restore_rng_state']
 
 KEY = 'rng_state'
+PER_RANK_KEY = 'rng_state_per_rank'
 
 
 def capture_rng_state() -> dict:
@@ -92,12 +99,30 @@ class RNGStateHook(Hook):
     def __init__(self):
         self._pending: Optional[dict] = None
         self._before_val: Optional[dict] = None
+        self._per_rank: Optional[list] = None
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        # Every rank, right after its iteration: rank 0 alone runs before_save_checkpoint.
+        if get_world_size() > 1:
+            self._per_rank = all_gather_object(capture_rng_state())
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        checkpoint[KEY] = capture_rng_state()
+        if self._per_rank is not None:
+            checkpoint[PER_RANK_KEY] = self._per_rank
+            checkpoint[KEY] = self._per_rank[0]
+        else:
+            checkpoint[KEY] = capture_rng_state()
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         state = checkpoint.get(KEY)
+        per_rank = checkpoint.get(PER_RANK_KEY)
+        if per_rank is not None and len(per_rank) == get_world_size():
+            state = per_rank[get_rank()]
+        elif get_world_size() > 1 and state is not None:
+            print_log(f'RNGStateHook: the checkpoint holds the RNG states of '
+                      f'{len(per_rank or [None])} rank(s), this run has {get_world_size()}: '
+                      'every rank restores rank 0\'s, so the resumed run draws other random '
+                      'numbers than the uninterrupted one', logger='current', level=30)
         if state is None:
             print_log('RNGStateHook: the checkpoint has no RNG states (saved without this hook): '
                       'a resumed run draws other random numbers than the uninterrupted one',

@@ -11,6 +11,7 @@ from typing import Dict, Optional
 import torch
 import torch.distributed as torch_dist
 from mmengine.config import Config
+from mmengine.logging import print_log
 from mmengine.runner import Runner
 
 from .config import (CheckpointMismatchError, MissingPathError, UsageError, adapt_to_device,
@@ -72,9 +73,24 @@ def prepare(config: str, work_dir: Optional[str], cfg_options: Optional[dict],
     if mode == 'train':
         check_pretrained_paths(cfg)
     adapt_to_device(cfg, launcher)
+    if launcher != 'none':
+        seed_ranks_apart(cfg)
     allow_checkpoints()
     init_distributed(launcher)
     return cfg
+
+
+def seed_ranks_apart(cfg: Config) -> None:
+    """Seed rank r with seed + r (mmengine's ``randomness.diff_rank_seed``) unless the config
+    says otherwise: with one seed on every rank, each GPU drops the same images' branches
+    (drop path) and, without dataloader workers, flips the same images, so a run of n
+    processes draws like a run of 1. The data order stays one (the sampler's seed is drawn on
+    rank 0 from the seeded stream and broadcast), the run reproducible from its seed."""
+    randomness = cfg.setdefault('randomness', {})
+    if 'diff_rank_seed' not in randomness:
+        randomness['diff_rank_seed'] = True
+        print_log('distributed run: each rank seeded apart (randomness.diff_rank_seed=True; '
+                  'set it to False for one seed on every rank)', logger='current')
 
 
 AMP_DTYPES = ('bf16', 'fp16')

@@ -15,7 +15,7 @@ from mmcv.cnn.bricks.drop import DropPath
 from mmcv.cnn.bricks.transformer import build_dropout
 from torch import Tensor
 
-from ..compat import is_compiling, plan_outside_graph
+from ..compat import has_forward_hooks, is_compiling, plan_outside_graph
 from ..ops import (NormPrefix, WindowPlan, cached_window_plan, gather_relative_position_bias,
                    gather_tokens, gelu_grad_in_place, linear, linear_keeping_input,
                    linear_residual, linear_with_recomputed_input, relative_position_index,
@@ -35,15 +35,6 @@ def is_layer_norm(module: Optional[nn.Module]) -> bool:
 def norm_prefix(norm: nn.LayerNorm, then=None, then_grad=None) -> NormPrefix:
     """``then(norm(x))`` as a prefix whose backward needs no nested autograd pass."""
     return NormPrefix(norm.weight, norm.bias, norm.eps, norm.normalized_shape, then, then_grad)
-
-
-def own_parameters(module: nn.Module) -> list:
-    """The parameters of a module without submodules (a norm, an activation), as
-    ``list(module.parameters())`` gives them, without walking the module tree: that walk is a
-    few hundred Python calls per forward (they add up on a GPU, where the host sets the pace)."""
-    if module._modules:
-        return list(module.parameters())
-    return [p for p in module._parameters.values() if p is not None]
 
 
 def _corner_pad(x: Tensor, kernel: HW, stride: HW) -> Tensor:
@@ -119,15 +110,14 @@ class PatchMerging(nn.Module):
         Backward keeps x, not the neighbourhoods and their norm (two tensors of x's size that
         a copy and a norm give back): x is the stage output, which the output norm keeps.
         ``generic``: as ``SwinBlock.forward``'s (``ops.generic_block.patch_merge``)."""
-        norm = self._modules.get('norm')  # None: an attribute, not a module
+        norm = self.norm
         if generic and self.stride == 2 and is_layer_norm(norm) and not is_compiling():
             h, w = hw_shape
-            params = norm._parameters
-            out = patch_merge(x, hw_shape, (params['weight'], params['bias'], norm.eps),
-                              self._modules['reduction']._parameters['weight'])
+            out = patch_merge(x, hw_shape, (norm.weight, norm.bias, norm.eps),
+                              self.reduction.weight)
             return out, ((h + 1) // 2, (w + 1) // 2)
-        norm = norm if norm is not None else nn.Identity()
-        return self.reduce(x, hw_shape, norm, own_parameters(norm))
+        norm = norm if norm is not None else _IDENTITY
+        return self.reduce(x, hw_shape, norm, list(norm.parameters()))
 
     def reduce(self, x: Tensor, hw_shape: HW, prefix: nn.Module,
                prefix_params: list) -> Tuple[Tensor, HW]:
@@ -207,8 +197,7 @@ class WindowMSA(nn.Module):
         compiler runs, if the caller knows (None: asked here); ``contiguous``: as
         ``gather_relative_position_bias`` (a recomputed bias only).
         """
-        table = self._parameters['relative_position_bias_table']
-        index = self._buffers['relative_position_index']
+        table, index = self.relative_position_bias_table, self.relative_position_index
         if tracing is None:
             tracing = is_tracing(table)
         if (torch.is_grad_enabled() and table.requires_grad) or tracing:
@@ -322,7 +311,7 @@ class ShiftWindowMSA(nn.Module):
         prefix = norm_prefix(norm, partition, from_windows) \
             if is_layer_norm(norm) and not is_tracing(query) else to_windows
         qkv = linear_with_recomputed_input(
-            query, prefix, own_parameters(norm) if norm is not None else [],
+            query, prefix, [] if norm is None else list(norm.parameters()),
             self.w_msa.qkv.weight, self.w_msa.qkv_projection_bias())
         windows = self.w_msa.attention(qkv, plan.mask, plan.num_windows)
         # Tokens back in map order before the projection (a per-token map, so the order is
@@ -386,12 +375,12 @@ class FFN(nn.Module):
             return identity + self.dropout_layer(post_norm(out))
         hidden = linear_with_recomputed_input(
             x, norm_prefix(norm) if is_layer_norm(norm) and not is_tracing(x) else norm,
-            own_parameters(norm),
+            list(norm.parameters()),
             fc1.weight, fc1.bias)
         if not dropping:
             # Exact GELU's gradient is written over fc2's input gradient (no autograd graph).
             out = linear_with_recomputed_input(
-                hidden, act, own_parameters(act), fc2.weight, fc2.bias,
+                hidden, act, list(act.parameters()), fc2.weight, fc2.bias,
                 residual=identity if fused else None,
                 prefix_grad_in_place=gelu_grad_in_place if _is_exact_gelu(act) else None)
             return out if fused else identity + self.dropout_layer(post_norm(out))
@@ -436,6 +425,7 @@ class SwinBlock(nn.Module):
         self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
         self.ffn = FFN(embed_dims, feedforward_channels, act_cfg or dict(type='GELU'),
                        drop_rate, drop_path)
+        self._casts = None  # _kept_casts: (key, casts) of the last call under autocast
 
     def forward(self, x: Tensor, hw_shape: HW, plan: Optional[WindowPlan] = None,
                 generic: bool = False) -> Tensor:
@@ -443,61 +433,68 @@ class SwinBlock(nn.Module):
         outside tracers (``ops.dispatch.runs_generic_block``), so a plain V1 block runs
         ``ops.generic_block.swin_block`` with the plan given. Asked again here whether a
         compiler traces this call: torch 2.1's dynamo runs a frame eagerly after a graph break
-        in its loop and traces the frames it calls, so a stage's answer can be an eager one."""
-        if generic and not is_compiling() and self.generic_block_applies():
-            return self.forward_generic(x, plan)
+        in its loop and traces the frames it calls, so a stage's answer can be an eager one.
+
+        A forward hook (or pre-hook) on ``norm1``, ``attn``, ``norm2`` or ``ffn`` sends the
+        block through its module form on every path, which calls them in mmdet's order with
+        mmdet's inputs and outputs (docs/backbone.md)."""
+        norm1, attn, norm2, ffn = self.norm1, self.attn, self.norm2, self.ffn
+        hooked = has_forward_hooks(norm1, attn, norm2, ffn)
+        if generic and not hooked and not is_compiling():
+            parts = self.generic_parts(norm1, attn, norm2, ffn)
+            if parts is not None:
+                return self.forward_generic(x, plan, parts)
 
         def inner(x: Tensor) -> Tensor:
             if self.post_norm:
-                x = x + self.attn(x, hw_shape, plan, post_norm=self.norm1)
-                return self.ffn(x, identity=x, post_norm=self.norm2)
-            x = self.attn(x, hw_shape, plan, norm=self.norm1, residual=x)
-            return self.ffn(x, identity=x, norm=self.norm2)
+                x = x + attn(x, hw_shape, plan, post_norm=norm1)
+                return ffn(x, identity=x, post_norm=norm2)
+            if hooked:  # mmdet's module order: what each hook sees is what it sees there
+                x = x + attn(norm1(x), hw_shape, plan)
+                return ffn(norm2(x), identity=x)
+            x = attn(x, hw_shape, plan, norm=norm1, residual=x)
+            return ffn(x, identity=x, norm=norm2)
 
         if self.with_cp and x.requires_grad:
             return cp.checkpoint(inner, x, use_reentrant=False)
         return inner(x)
 
-    def generic_block_applies(self) -> bool:
-        """Whether this block is one ``ops.generic_block.swin_block`` computes: a V1 block
-        (pre-norm, the table's bias, SDPA) with LayerNorms, exact GELU, no dropout and no
-        activation checkpointing. Read from the modules at each call (their dicts: a module
-        attribute costs a Python call), so a swapped module is never computed as another."""
-        modules = self._modules
-        attn, ffn = modules['attn']._modules, modules['ffn']
-        w_msa, fc = attn['w_msa'], ffn._modules['layers']._modules
-        first = fc['0']._modules
-        return (not self.post_norm and not self.with_cp and type(w_msa) is WindowMSA
-                and w_msa.fused_attention and not (self.training and w_msa.attn_drop_rate)
-                and is_layer_norm(modules['norm1']) and is_layer_norm(modules['norm2'])
-                and _is_exact_gelu(first['1'])
-                and not (self.training and (w_msa._modules['proj_drop'].p or first['2'].p
-                                            or fc['2'].p))
-                and type(attn['drop']) in _DROP_PATHS
-                and type(ffn._modules['dropout_layer']) in _DROP_PATHS)
+    def generic_parts(self, norm1: nn.Module, attn: nn.Module, norm2: nn.Module,
+                      ffn: nn.Module) -> Optional[tuple]:
+        """(norm1, w_msa, its drop path, norm2, fc1, fc2, the FFN's drop path) when this block
+        is one ``ops.generic_block.swin_block`` computes: a V1 block (pre-norm, the table's
+        bias, SDPA) with LayerNorms, exact GELU, no dropout and no activation checkpointing;
+        else None. Read through the modules' attributes at each call, so a swapped module, or
+        a parameter a wrapper replaced (FSDP's views), is seen as it is now."""
+        if self.post_norm or self.with_cp:
+            return None
+        w_msa, drop_attn, drop_ffn = attn.w_msa, attn.drop, ffn.dropout_layer
+        (fc1, act, drop1), fc2, drop2 = ffn.layers
+        if not (type(w_msa) is WindowMSA and w_msa.fused_attention and is_layer_norm(norm1)
+                and is_layer_norm(norm2) and _is_exact_gelu(act)
+                and type(drop_attn) in _DROP_PATHS and type(drop_ffn) in _DROP_PATHS):
+            return None
+        if self.training and (w_msa.attn_drop_rate or w_msa.proj_drop.p or drop1.p
+                              or drop2.p):
+            return None
+        return norm1, w_msa, drop_attn, norm2, fc1, fc2, drop_ffn
 
-    def forward_generic(self, x: Tensor, plan: WindowPlan) -> Tensor:
-        """The block as ``ops.generic_block.swin_block`` computes it (see there)."""
-        modules = self._modules
-        attn, ffn = modules['attn']._modules, modules['ffn']._modules
-        w_msa = attn['w_msa']
-        fc = ffn['layers']._modules
-        norm1, norm2 = modules['norm1'], modules['norm2']
-        qkv, proj = w_msa._modules['qkv']._parameters, w_msa._modules['proj']._parameters
-        fc1, fc2 = fc['0']._modules['0']._parameters, fc['1']._parameters
-        n1, n2 = norm1._parameters, norm2._parameters
-        linears = [qkv['weight'], qkv['bias'], proj['weight'], proj['bias'], fc1['weight'],
-                   fc1['bias'], fc2['weight'], fc2['bias']]
+    def forward_generic(self, x: Tensor, plan: WindowPlan, parts: tuple) -> Tensor:
+        """The block as ``ops.generic_block.swin_block`` computes it (see there), from
+        :meth:`generic_parts`."""
+        norm1, w_msa, drop_attn, norm2, fc1, fc2, drop_ffn = parts
+        qkv, proj = w_msa.qkv, w_msa.proj
+        linears = [qkv.weight, qkv.bias, proj.weight, proj.bias, fc1.weight, fc1.bias,
+                   fc2.weight, fc2.bias]
         if not torch.is_grad_enabled():
             dtype = compute_dtype(x)
             if dtype != linears[0].dtype:  # inference under autocast: the last call's casts
                 linears = self._kept_casts(linears, dtype)
-        drop_path = (_drop_prob(attn['drop']), _drop_prob(ffn['dropout_layer']))
         return swin_block(
             x, plan, w_msa.num_heads, w_msa.scale, w_msa.relative_position_bias(False, False),
-            (n1['weight'], n1['bias'], norm1.eps), linears[0:2], linears[2:4],
-            (n2['weight'], n2['bias'], norm2.eps), linears[4:6], linears[6:8], drop_path)
-
+            (norm1.weight, norm1.bias, norm1.eps), linears[0:2], linears[2:4],
+            (norm2.weight, norm2.bias, norm2.eps), linears[4:6], linears[6:8],
+            (_drop_prob(drop_attn), _drop_prob(drop_ffn)))
 
     def _kept_casts(self, tensors: list, dtype: torch.dtype) -> list:
         """``tensors`` (the linears' parameters) in ``dtype``, kept from the last call while
@@ -505,12 +502,11 @@ class SwinBlock(nn.Module):
         forward, a pass over the model and a launch per tensor. One key per block, not one
         lookup per tensor (as ``ops.linear`` keeps its casts), for the host's sake."""
         key = [dtype] + [None if t is None else (t._version, t.data_ptr()) for t in tensors]
-        kept = self.__dict__.get('_casts')
+        kept = self._casts
         if kept is None or kept[0] != key:
             kept = (key, [None if t is None else t.detach().to(dtype) for t in tensors])
-            self.__dict__['_casts'] = kept
+            self._casts = kept
         return kept[1]
-
 
 # mmcv's drop path (and the identity it is at rate 0): what the generic block draws itself
 _DROP_PATHS = (DropPath, nn.Identity)

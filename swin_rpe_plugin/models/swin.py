@@ -187,6 +187,10 @@ class SwinTransformer(BaseModule):
         # Whatever loads a state dict (load_from, init_detector, a whole detector's
         # load_state_dict), bias tables saved at another window are resized to this one.
         register_load_state_dict_pre_hook(self, resize_bias_tables_on_load)
+        # Frozen from construction on, not first in train(): a DistributedDataParallel wrapper
+        # made before train() (mmengine's Runner order) registers only the parameters that
+        # need a gradient, so it never waits for one a frozen stage does not produce.
+        self._freeze_stages()
 
     def _block_options(self, stage: int) -> dict:
         """Extra keyword arguments for the blocks of a stage (SwinV2: its pretrained window)."""
@@ -214,8 +218,10 @@ class SwinTransformer(BaseModule):
         return self
 
     def _freeze_stages(self) -> None:
-        # Exactly what mmdet freezes: patch embed (+ abs pos embed), then stages 0..k-1 with
-        # their patch merging and their output norms.
+        """Exactly what mmdet freezes: patch embed (+ abs pos embed), then stages 0..k-1 with
+        their patch merging and their output norms: no gradient, eval mode. Called at
+        construction and by every ``train()``, so what is frozen stays so whatever mode is
+        asked (mmdet freezes in ``train()`` only: too late for DDP, docs/training.md)."""
         if self.frozen_stages >= 0:
             self.patch_embed.eval()
             for param in self.patch_embed.parameters():

@@ -1,6 +1,7 @@
 """Hooks the resume and distributed tests load into tools/train.py through ``custom_imports``
 (tests/reliability is put on PYTHONPATH): one kills the process, one records what each rank saw.
 """
+import hashlib
 import json
 import os
 import signal
@@ -30,7 +31,7 @@ class KillAfterIteration(Hook):
 
 @HOOKS.register_module()
 class RecordRank(Hook):
-    """Write every rank's losses (``losses_rank{r}.jsonl``) and final weights
+    """Write every rank's losses and RNG fingerprint (``losses_rank{r}.jsonl``) and final weights
     (``weights_rank{r}.pth``, and ``weights_init_rank{r}.pth`` before the first iteration) to
     the work dir: mmengine logs and saves rank 0 only."""
     priority = 'LOWEST'
@@ -39,7 +40,9 @@ class RecordRank(Hook):
         self._save(runner, 'weights_init')
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
-        record = {'iter': runner.iter + 1}
+        # with a fingerprint of the torch stream this rank draws from next
+        state = torch.get_rng_state().numpy().tobytes()
+        record = {'iter': runner.iter + 1, 'torch_rng': hashlib.sha1(state).hexdigest()}
         record.update({k: float(v) for k, v in (outputs or {}).items()})
         path = os.path.join(runner.work_dir, f'losses_rank{get_rank()}.jsonl')
         with open(path, 'a') as f:
