@@ -99,7 +99,7 @@ def is_tracing(x: Tensor) -> bool:
     compute from sizes without branching on them, caching by them or looping over them."""
     if is_compiling() or torch.jit.is_tracing():
         return True
-    return any(isinstance(s, torch.SymInt) for s in x.shape)
+    return torch.SymInt in map(type, x.shape)  # one call, not a generator's per size
 
 
 def compute_dtype(x: Tensor) -> torch.dtype:
