@@ -135,11 +135,11 @@ def test_query_attention_reproduces_the_block(block, query, mask_padding):
     for hook in hooks:
         hook.remove()
     msa = blk.attn.w_msa
-    with torch.no_grad():  # the block hands the attention its input and norm1 to apply
-        v = msa.qkv(blk.norm1(seen['x'][0])).reshape(140, 3, 2, 8)[:, 2]  # [H*W, heads, hd]
+    with torch.no_grad():  # a hooked block calls attn as mmdet's does: on norm1's output
+        v = msa.qkv(seen['x'][0]).reshape(140, 3, 2, 8)[:, 2]  # [H*W, heads, hd]
     mixed = torch.cat([data[hd]['with_bias'].reshape(-1) @ v[:, hd] for hd in range(2)])
-    # the block passes its input as the residual, which the projection adds: take it off
-    expected = (seen['out'] - seen['x'])[0, query[0] * 14 + query[1]]
+    # and attn returns the attention alone (the block adds the residual)
+    expected = seen['out'][0, query[0] * 14 + query[1]]
     window_has_padding = query == (9, 13)
     if not window_has_padding or mask_padding:
         torch.testing.assert_close(msa.proj(mixed), expected, rtol=1e-4, atol=1e-5)
