@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from ..ops import (log_spaced_relative_coords, relative_position_index, resize_absolute_pos_embed,
                    resize_relative_position_bias_table, to_window_tuple)
+from ..ops.kept import new_generation
 
 HW = Tuple[int, int]
 BIAS_TABLE = 'relative_position_bias_table'
@@ -98,7 +99,7 @@ def set_window_size(model: nn.Module, window_size, mode: str = 'bicubic') -> Dic
                 msa.relative_position_index = relative_position_index(new, device=device)
                 msa.relative_coords_table = log_spaced_relative_coords(
                     new, msa.pretrained_window_size, device=device)
-                msa.window_size, msa._bias_cache = new, None
+                msa.window_size = new
                 continue
             old_table = msa.relative_position_bias_table
             table = resize_relative_position_bias_table(old_table.detach(), msa.window_size,
@@ -112,4 +113,5 @@ def set_window_size(model: nn.Module, window_size, mode: str = 'bicubic') -> Dic
                     tuple(old_table.shape), tuple(table.shape))
             msa.window_size = new
     model.window_size = new
+    new_generation()  # no bias kept for the old window is served (ops/kept.py)
     return resized

@@ -22,6 +22,7 @@ from ..ops import (NormPrefix, WindowPlan, cached_window_plan, gather_relative_p
                    table_rows, to_window_tuple, traceable_window_plan, window_attention_qkv)
 from ..ops.dispatch import autocast_context, compute_dtype, is_tracing
 from ..ops.generic_block import patch_merge, swin_block
+from ..ops.kept import KeptCopy, sources_key
 
 HW = Tuple[int, int]
 
@@ -30,6 +31,14 @@ def is_layer_norm(module: Optional[nn.Module]) -> bool:
     """An ``nn.LayerNorm`` over the last dimension (mmcv's 'LN'), whose recomputed backward
     ``NormPrefix`` writes out."""
     return type(module) is nn.LayerNorm and len(module.normalized_shape) == 1
+
+
+def affine_tensors(module: Optional[nn.Module]) -> list:
+    """The ``weight`` and ``bias`` a norm or activation prefix differentiates, read as
+    attributes: ``parameters()`` misses the tensors a wrapper puts in their place (FSDP's
+    unsharded views), whose gradients would then be lost."""
+    return [t for t in (getattr(module, 'weight', None), getattr(module, 'bias', None))
+            if t is not None]
 
 
 def norm_prefix(norm: nn.LayerNorm, then=None, then_grad=None) -> NormPrefix:
@@ -117,7 +126,7 @@ class PatchMerging(nn.Module):
                               self.reduction.weight)
             return out, ((h + 1) // 2, (w + 1) // 2)
         norm = norm if norm is not None else _IDENTITY
-        return self.reduce(x, hw_shape, norm, list(norm.parameters()))
+        return self.reduce(x, hw_shape, norm, affine_tensors(norm))
 
     def reduce(self, x: Tensor, hw_shape: HW, prefix: nn.Module,
                prefix_params: list) -> Tuple[Tensor, HW]:
@@ -172,7 +181,7 @@ class WindowMSA(nn.Module):
         self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop_rate)
-        self._bias_cache = None
+        self._kept_bias = KeptCopy()  # the inference bias (ops/kept.py)
 
     def init_position_bias(self) -> None:
         """Create the parameters of the bias source (V1: the table; SwinV2 overrides)."""
@@ -202,11 +211,8 @@ class WindowMSA(nn.Module):
             tracing = is_tracing(table)
         if (torch.is_grad_enabled() and table.requires_grad) or tracing:
             return gather_relative_position_bias(table, index, contiguous)
-        key = (table._version, table.data_ptr(), table.dtype, table.device)
-        if self._bias_cache is None or self._bias_cache[0] != key:
-            bias = gather_relative_position_bias(table.detach(), index)
-            self._bias_cache = (key, bias)
-        return self._bias_cache[1]
+        return self._kept_bias.get(sources_key((table,), table.dtype, table.device),
+                                   lambda: gather_relative_position_bias(table.detach(), index))
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None,
                 windows_per_image: Optional[int] = None) -> Tensor:
@@ -311,7 +317,7 @@ class ShiftWindowMSA(nn.Module):
         prefix = norm_prefix(norm, partition, from_windows) \
             if is_layer_norm(norm) and not is_tracing(query) else to_windows
         qkv = linear_with_recomputed_input(
-            query, prefix, [] if norm is None else list(norm.parameters()),
+            query, prefix, affine_tensors(norm),
             self.w_msa.qkv.weight, self.w_msa.qkv_projection_bias())
         windows = self.w_msa.attention(qkv, plan.mask, plan.num_windows)
         # Tokens back in map order before the projection (a per-token map, so the order is
@@ -375,12 +381,11 @@ class FFN(nn.Module):
             return identity + self.dropout_layer(post_norm(out))
         hidden = linear_with_recomputed_input(
             x, norm_prefix(norm) if is_layer_norm(norm) and not is_tracing(x) else norm,
-            list(norm.parameters()),
-            fc1.weight, fc1.bias)
+            affine_tensors(norm), fc1.weight, fc1.bias)
         if not dropping:
             # Exact GELU's gradient is written over fc2's input gradient (no autograd graph).
             out = linear_with_recomputed_input(
-                hidden, act, list(act.parameters()), fc2.weight, fc2.bias,
+                hidden, act, affine_tensors(act), fc2.weight, fc2.bias,
                 residual=identity if fused else None,
                 prefix_grad_in_place=gelu_grad_in_place if _is_exact_gelu(act) else None)
             return out if fused else identity + self.dropout_layer(post_norm(out))
@@ -425,7 +430,7 @@ class SwinBlock(nn.Module):
         self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
         self.ffn = FFN(embed_dims, feedforward_channels, act_cfg or dict(type='GELU'),
                        drop_rate, drop_path)
-        self._casts = None  # _kept_casts: (key, casts) of the last call under autocast
+        self._kept_casts = KeptCopy()  # the linears' casts at inference (ops/kept.py)
 
     def forward(self, x: Tensor, hw_shape: HW, plan: Optional[WindowPlan] = None,
                 generic: bool = False) -> Tensor:
@@ -497,24 +502,14 @@ class SwinBlock(nn.Module):
         if not torch.is_grad_enabled():
             dtype = compute_dtype(x)
             if dtype != linears[0].dtype:  # inference under autocast: the last call's casts
-                linears = self._kept_casts(linears, dtype)
+                linears = self._kept_casts.get(
+                    sources_key(linears, dtype),
+                    lambda: [None if t is None else t.detach().to(dtype) for t in linears])
         return swin_block(
             x, plan, w_msa.num_heads, w_msa.scale, w_msa.relative_position_bias(False, False),
             (norm1.weight, norm1.bias, norm1.eps), linears[0:2], linears[2:4],
             (norm2.weight, norm2.bias, norm2.eps), linears[4:6], linears[6:8],
             (drop_attn, drop_ffn))
-
-    def _kept_casts(self, tensors: list, dtype: torch.dtype) -> list:
-        """``tensors`` (the linears' parameters) in ``dtype``, kept from the last call while
-        none of them changed (version and storage): autocast casts every weight in every
-        forward, a pass over the model and a launch per tensor. One key per block, not one
-        lookup per tensor (as ``ops.linear`` keeps its casts), for the host's sake."""
-        key = [dtype] + [None if t is None else (t._version, t.data_ptr()) for t in tensors]
-        kept = self._casts
-        if kept is None or kept[0] != key:
-            kept = (key, [None if t is None else t.detach().to(dtype) for t in tensors])
-            self._casts = kept
-        return kept[1]
 
 
 # mmcv's drop path (and the identity it is at rate 0): what the generic block draws itself

@@ -22,6 +22,7 @@ from torch import Tensor
 from ..compat import register_load_state_dict_pre_hook
 from ..ops import resize_absolute_pos_embed, to_window_tuple
 from ..ops.dispatch import is_tracing, runs_generic_block
+from ..ops.kept import new_generation
 from ..registry import MODELS
 from .layers import HW, PatchEmbed, PatchMerging, SwinBlock, WindowMSA
 from .load_hooks import resize_bias_tables_on_load
@@ -215,6 +216,7 @@ class SwinTransformer(BaseModule):
         """Set train/eval mode, keeping frozen stages in eval mode."""
         super().train(mode)
         self._freeze_stages()
+        new_generation()  # what trained before is never served from a kept copy (ops/kept.py)
         return self
 
     def _freeze_stages(self) -> None:

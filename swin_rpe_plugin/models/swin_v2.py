@@ -35,6 +35,7 @@ from ..compat import is_compiling
 from ..ops import (continuous_position_bias, log_spaced_relative_coords,
                    resolve_pretrained_window, scaled_cosine_query_key, split_qkv,
                    to_window_tuple, window_attention)
+from ..ops.kept import sources_key
 from ..registry import MODELS
 from .layers import HW, PatchMerging, SwinBlock, WindowMSA
 from .swin import SwinTransformer, _as_tuple
@@ -95,14 +96,11 @@ class WindowMSAV2(WindowMSA):
                 or is_compiling()):
             return continuous_position_bias(self.relative_coords_table,
                                             self.relative_position_index, *params)
-        key = tuple((p._version, p.data_ptr()) for p in params) + (params[0].dtype,
-                                                                   params[0].device)
-        if self._bias_cache is None or self._bias_cache[0] != key:
-            bias = continuous_position_bias(self.relative_coords_table,
-                                            self.relative_position_index,
-                                            *(p.detach() for p in params))
-            self._bias_cache = (key, bias)
-        return self._bias_cache[1]
+        return self._kept_bias.get(
+            sources_key(params, params[0].dtype, params[0].device),
+            lambda: continuous_position_bias(self.relative_coords_table,
+                                             self.relative_position_index,
+                                             *(p.detach() for p in params)))
 
     def reset_parameters(self) -> None:
         """The reference init of what is not a Linear: logit scale log(10), zero q/v biases."""

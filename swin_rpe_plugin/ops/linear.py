@@ -23,6 +23,7 @@ from torch import Tensor
 from ..compat import (WeakIdKeyDictionary, custom_op, is_compiling, is_exporting,
                       native_products, onednn_linear_op)
 from .dispatch import choose_kernel, compute_dtype, is_tracing, use_cpu_fast_paths
+from .kept import sources_key
 
 __all__ = ['linear', 'linear_residual', 'fuses_residual', 'onednn_available']
 
@@ -122,9 +123,9 @@ _linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
 
 # bf16 copies of parameters for products that need no gradient. autocast caches its casts only
 # for the ops it sees, and these bypass it, so without this every inference call would cast
-# every weight again (~10% of a bf16 forward of Swin-T). Weakly keyed by the tensor and checked
-# against its version counter and storage, so an updated or freed weight never serves a stale
-# copy; one reduced copy per parameter stays alive with it.
+# every weight again. Weakly keyed by the tensor and checked against ``kept.sources_key`` (version,
+# storage, generation), so an updated or freed weight never serves a stale copy; one reduced copy
+# per parameter stays alive with it.
 _CASTS = WeakIdKeyDictionary()
 
 
@@ -136,7 +137,7 @@ def _cast_parameter(t: Tensor, dtype: torch.dtype) -> Tensor:
         return t
     if (torch.is_grad_enabled() and t.requires_grad) or is_compiling():
         return t.to(dtype)  # differentiable; compiled code folds or fuses the cast itself
-    key = (t._version, t.data_ptr(), dtype)
+    key = sources_key((t,), dtype)
     entry = _CASTS.get(t)
     if entry is None or entry[0] != key:
         entry = (key, t.detach().to(dtype))

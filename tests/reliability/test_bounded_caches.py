@@ -113,7 +113,7 @@ def test_200_forwards_at_changing_sizes_keep_caches_and_memory_bounded(one_threa
     # Every WindowMSA keeps one gathered bias: [heads, 49, 49] for its own table.
     for module in model.modules():
         if isinstance(module, WindowMSA):
-            key, bias = module._bias_cache
+            key, bias = module._kept_bias._entry
             assert bias.shape == (module.num_heads, 49, 49)
     assert unbounded > 256 * MiB  # so the bound below is one a leak would break
     assert growth < 64 * MiB
