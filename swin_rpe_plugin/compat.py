@@ -416,3 +416,25 @@ def has_forward_hooks(*modules: torch.nn.Module) -> bool:
         if module._forward_hooks or module._forward_pre_hooks:
             return True
     return False
+
+
+def fully_shard() -> Callable:
+    """torch's FSDP2 ``fully_shard``: ``torch.distributed.fsdp`` from torch 2.6 on,
+    ``torch.distributed._composable.fsdp`` on 2.4-2.5; below 2.4 there is none."""
+    try:
+        from torch.distributed.fsdp import fully_shard as shard
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import fully_shard as shard
+        except ImportError:
+            raise RuntimeError(f'FSDP2 (fully_shard) needs torch >= 2.4 (this is '
+                               f'{torch.__version__}): use FullyShardedDataParallel with '
+                               'swin_rpe_plugin.engine.sharding.swin_wrap_policy') from None
+    return shard
+
+
+HAS_FULLY_SHARD = TORCH_VERSION >= (2, 4)
+# torch's FSDP on a CPU (device_id=cpu, gloo): torch 2.1 asks for CUDA streams ("Stream() takes
+# no arguments"), torch 2.11 and 2.13 train (tests/reliability/test_distributed_sharded.py);
+# counted from 2.4 on, the first torch with FSDP2, the versions between 2.1 and 2.11 unmeasured.
+FSDP_ON_CPU = TORCH_VERSION >= (2, 4)

@@ -10,8 +10,9 @@ safe read on every torch); below torch 2.4 (no ``safe_globals``) a restricted un
 the same allow-list.
 
 The allow-list holds data classes only, never a general callable: ``builtins.getattr`` (which
-HistoryBuffer pickles use to name its statistics methods, e.g. ``getattr(HistoryBuffer, 'min')``)
-is replaced by :func:`history_buffer_getattr`, which resolves nothing else.
+HistoryBuffer pickles use to name its statistics methods, e.g. ``getattr(HistoryBuffer, 'min')``,
+and sharded tensors their process-group state) is replaced by :func:`history_buffer_getattr`,
+which resolves nothing else.
 """
 import _compat_pickle
 import os
@@ -24,15 +25,20 @@ from ..compat import HAS_SAFE_GLOBALS, weights_only_globals  # noqa: E402
 
 
 def history_buffer_getattr(obj: Any, name: str) -> Any:
-    """``getattr`` limited to the statistics methods of mmengine's HistoryBuffer."""
+    """``getattr`` limited to the statistics methods of mmengine's HistoryBuffer (and
+    ``ShardedTensor.ProcessGroupState``, a data class sharded checkpoints name that way)."""
     from mmengine.logging import HistoryBuffer
     allowed = {'min', 'max', 'current', 'mean'} | set(HistoryBuffer._statistics_methods)
     method = HistoryBuffer.__dict__.get(name) if obj is HistoryBuffer and name in allowed \
         else None
+    if name == 'ProcessGroupState' and torch.distributed.is_available():
+        from torch.distributed._shard.sharded_tensor import ShardedTensor
+        method = ShardedTensor.ProcessGroupState if obj is ShardedTensor else None
     if not callable(method):
         raise pickle.UnpicklingError(
             f'refused getattr({getattr(obj, "__name__", type(obj).__name__)}, {name!r}) while '
-            'loading with weights_only=True: only HistoryBuffer statistics methods are allowed')
+            'loading with weights_only=True: only HistoryBuffer statistics methods (and '
+            'ShardedTensor.ProcessGroupState) are allowed')
     return method
 
 
@@ -49,10 +55,28 @@ def _numpy_globals() -> List[Any]:
     return entries
 
 
+def _sharded_tensor_globals() -> List[Any]:
+    """torch's sharded-tensor data classes: what mmengine's FSDPStrategy saves per rank with
+    ``state_dict_cfg='local'`` (``iter_N.pth/rank{r}.pth``); none where torch has no
+    ``torch.distributed``."""
+    if not torch.distributed.is_available():
+        return []
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+    from torch.distributed._shard.sharded_tensor.metadata import (
+        MEM_FORMAT_ENCODING, ShardedTensorMetadata, TensorProperties)
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+    from torch.distributed.remote_device import _remote_device
+    return [ShardMetadata, Shard, ShardedTensor, ShardedTensor.ProcessGroupState,
+            MEM_FORMAT_ENCODING, ShardedTensorMetadata, TensorProperties, ChunkShardingSpec,
+            _remote_device]
+
+
 def mmengine_safe_globals() -> List[Any]:
     """The allow-list for mmengine Runner checkpoints (argument of ``torch.serialization``)."""
     from mmengine.logging import HistoryBuffer
-    return _numpy_globals() + [HistoryBuffer, (history_buffer_getattr, 'builtins.getattr')]
+    return _numpy_globals() + _sharded_tensor_globals() + [
+        HistoryBuffer, (history_buffer_getattr, 'builtins.getattr')]
 
 
 def _register_safe_globals() -> bool:

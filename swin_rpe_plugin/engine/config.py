@@ -106,7 +106,7 @@ def sync_bn_to_bn(cfg: Config) -> List[str]:
 
 
 def adapt_to_device(cfg: Config, launcher: str = 'none') -> None:
-    """Without CUDA: SyncBN -> BN (logged), gloo for distributed runs, DDP on CPU."""
+    """Without CUDA: SyncBN -> BN (logged), gloo for distributed runs, DDP and FSDP on CPU."""
     if torch.cuda.is_available():
         return
     changed = sync_bn_to_bn(cfg)
@@ -119,6 +119,10 @@ def adapt_to_device(cfg: Config, launcher: str = 'none') -> None:
         wrapper = cfg.get('model_wrapper_cfg') or dict(type='MMDistributedDataParallel')
         wrapper['device_ids'] = None
         cfg.model_wrapper_cfg = wrapper
+    strategy = cfg.get('strategy')
+    if isinstance(strategy, dict) and 'FSDP' in str(strategy.get('type', '')):
+        # FlexibleRunner's FSDPStrategy passes device_id=LOCAL_RANK, a CUDA device.
+        strategy.setdefault('model_wrapper', {})['device_id'] = 'cpu'
 
 
 LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')

@@ -140,19 +140,27 @@ def train(config: str, work_dir: Optional[str] = None, cfg_options: Optional[dic
     if resume == 'auto':
         cfg.resume, cfg.load_from = True, None
     elif resume is not None:
-        if not osp.isfile(resume):
-            raise MissingPathError(f'--resume: checkpoint not found: {resume!r}')
+        if not (osp.isfile(resume) or is_sharded_checkpoint(resume)):
+            raise MissingPathError(f'--resume: checkpoint not found: {resume!r} (a file, or '
+                                   'the folder of rank*.pth files a sharded run saves)')
         cfg.resume, cfg.load_from = True, resume
-    if cfg.get('load_from') and not osp.isfile(cfg.load_from):
+    if cfg.get('load_from') and not (osp.isfile(cfg.load_from)
+                                     or is_sharded_checkpoint(cfg.load_from)):
         raise MissingPathError(f'load_from: checkpoint not found: {cfg.load_from!r}')
     runner = build_runner(cfg)
     if cfg.get('resume'):
         from mmengine.runner import find_latest_checkpoint
         path = cfg.get('load_from') or find_latest_checkpoint(cfg.work_dir)
-        if path:
+        if path and not is_sharded_checkpoint(path):  # shards: the strategy checks shapes
             check_resume_window(runner.model, path)
     runner.train()
     return runner
+
+
+def is_sharded_checkpoint(path: str) -> bool:
+    """Whether ``path`` is the folder of per-rank files FSDPStrategy saves with
+    ``state_dict_cfg='local'`` (``iter_N.pth/rank{r}.pth``)."""
+    return osp.isfile(osp.join(path, 'rank0.pth'))
 
 
 def _read_state(path: str) -> Dict[str, torch.Tensor]:

@@ -10,23 +10,24 @@ trainable tensors (what FSDP1 requires with ``use_orig_params=False``).
 
 - FSDP1: ``FullyShardedDataParallel(model, auto_wrap_policy=swin_wrap_policy(model), ...)``.
 - FSDP2: :func:`fully_shard_per_block` applies ``fully_shard`` to each unit, then the root.
-- mmengine's ``FSDPStrategy``: ``model_wrapper=dict(auto_wrap_policy=
-  'swin_rpe_plugin.swin_block_wrap_policy')``, a function policy (mmengine passes no model),
-  whose units are the blocks, patch mergings and patch embedding; the output norms stay with the
-  root, which mixes frozen and trainable parameters when stages are frozen: FSDP takes that with
-  ``use_orig_params=True`` (mmengine's default). ``engine/config.py`` checks it.
+- mmengine's FlexibleRunner: :class:`FSDPStrategy` (mmengine's, resuming on torch >= 2.1) with
+  ``model_wrapper=dict(auto_wrap_policy='swin_rpe_plugin.swin_block_wrap_policy')``, a
+  function policy (mmengine passes no model) whose units are the blocks, patch mergings and
+  patch embedding; the output norms stay with the root, which mixes frozen and trainable
+  parameters when stages are frozen: FSDP takes that with ``use_orig_params=True`` (mmengine's
+  default).
 """
 from typing import List
 
+import torch
 import torch.nn as nn
-from mmengine.registry import FUNCTIONS as MMENGINE_FUNCTIONS
-from mmengine.registry import Registry
 
 from ..models.layers import PatchEmbed, PatchMerging, SwinBlock
 from ..models.swin import SwinTransformer
+from mmengine._strategy import FSDPStrategy as MMEngineFSDPStrategy
 
-FUNCTIONS = Registry('function', parent=MMENGINE_FUNCTIONS, scope='swin_rpe_plugin',
-                     locations=['swin_rpe_plugin.engine.sharding'])
+from .. import compat
+from ..registry import FUNCTIONS, STRATEGIES
 
 # Modules sharded as one unit each; nothing inside one is a unit of its own.
 BLOCK_UNITS = (SwinBlock, PatchMerging, PatchEmbed)
@@ -62,12 +63,36 @@ def swin_block_wrap_policy(module: nn.Module, recurse: bool, nonwrapped_numel: i
 def fully_shard_per_block(model: nn.Module, **kwargs) -> nn.Module:
     """FSDP2: ``fully_shard(unit, **kwargs)`` for each of :func:`sharding_units`, then the root
     (the rest of the model). Returns the model, sharded in place."""
-    from torch.distributed.fsdp import fully_shard
+    fully_shard = compat.fully_shard()
     for unit in sharding_units(model):
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
     return model
 
 
-__all__: List[str] = ['BLOCK_UNITS', 'FUNCTIONS', 'fully_shard_per_block', 'sharding_units',
+@STRATEGIES.register_module()
+class FSDPStrategy(MMEngineFSDPStrategy):
+    """mmengine's ``FSDPStrategy`` that also runs where its own stops:
+
+    - resume: mmengine 0.10 passes the optimizer state to torch's
+      ``FSDP.optim_state_dict_to_load`` in torch 2.0's argument order, which torch >= 2.1 reads
+      as the model ("TypeError: unhashable type: 'dict'"); here by keyword;
+    - CPU: without CUDA the wrapper's ``device_id`` is the CPU (mmengine passes LOCAL_RANK, a
+      CUDA device), as ``engine/config.adapt_to_device`` sets for mmengine's own strategy.
+    """
+
+    def _wrap_model(self, model: nn.Module):
+        if not torch.cuda.is_available():
+            self.model_wrapper = dict(self.model_wrapper or
+                                      dict(type='MMFullyShardedDataParallel'))
+            self.model_wrapper['device_id'] = 'cpu'
+        return super()._wrap_model(model)
+
+    def load_optim_state_dict(self, state_dict: dict) -> None:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        self.optim_wrapper.load_state_dict(FSDP.optim_state_dict_to_load(
+            model=self.model, optim=self.optim_wrapper.optimizer, optim_state_dict=state_dict))
+
+
+__all__: List[str] = ['BLOCK_UNITS', 'FSDPStrategy', 'fully_shard_per_block', 'sharding_units',
                       'swin_block_wrap_policy', 'swin_wrap_policy']

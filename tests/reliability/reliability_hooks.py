@@ -53,6 +53,12 @@ class RecordRank(Hook):
 
     @staticmethod
     def _save(runner, name):
-        model = runner.model.module if hasattr(runner.model, 'module') else runner.model
-        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
-                   os.path.join(runner.work_dir, f'{name}_rank{get_rank()}.pth'))
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        if isinstance(runner.model, FSDP):  # the full tensors, gathered on every rank
+            with FSDP.summon_full_params(runner.model):  # (copied before they are resharded)
+                state = {k: v.detach().clone() for k, v in runner.model.named_parameters()}
+                state.update((k, v.clone()) for k, v in runner.model.named_buffers())
+        else:
+            model = runner.model.module if hasattr(runner.model, 'module') else runner.model
+            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        torch.save(state, os.path.join(runner.work_dir, f'{name}_rank{get_rank()}.pth'))

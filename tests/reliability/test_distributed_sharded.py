@@ -25,6 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from fsdp_worker import CASES  # noqa: E402
 
+pytestmark = pytest.mark.needs('FSDP_ON_CPU')  # torch 2.1's FSDP needs CUDA (compat.py)
+
 
 @pytest.fixture(scope='module')
 def ranks(tmp_path_factory):

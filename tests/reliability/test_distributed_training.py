@@ -4,7 +4,9 @@ generated-data Mask R-CNN and UPerNet configs, the first stage frozen, drop path
 test_distributed_frozen.py):
 
 - Mask R-CNN with ``with_cp=True`` and bf16 AMP (``--amp``);
-- UPerNet in float32, then resumed from rank 0's checkpoint at iteration 2 of 3.
+- UPerNet in float32, then resumed from rank 0's checkpoint at iteration 2 of 3;
+- UPerNet sharded (mmengine's FlexibleRunner, our FSDPStrategy, a unit per Swin block), then
+  resumed from the ranks' shards at iteration 2.
 
 What a user relies on: the run finishes with finite losses; both ranks hold the same weights
 afterwards; the frozen weights are the initial ones, bit for bit; each rank draws its own random
@@ -21,6 +23,7 @@ import pytest
 import torch
 
 from conftest import free_port
+from swin_rpe_plugin import compat
 from swin_rpe_plugin.datasets import make_synthetic_data
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,6 +35,11 @@ CONFIGS = {
     'upernet': ('configs/synthetic/upernet_swin-rpe-tiny_shapes-128x128.py',
                 'swin_rpe_plugin.datasets.ade_shapes', 'ade', False),
 }
+RESUMED = ('upernet',)
+if compat.FSDP_ON_CPU:  # torch 2.1's FSDP needs CUDA (compat.py)
+    CONFIGS['upernet-fsdp'] = ('configs/synthetic/upernet_swin-rpe-tiny_shapes-128x128_fsdp.py',
+                               'swin_rpe_plugin.datasets.ade_shapes', 'ade', False)
+    RESUMED += ('upernet-fsdp',)
 CONFIG = """
 _base_ = [{base!r}]
 custom_imports = dict(imports=['swin_rpe_plugin', {dataset!r}, 'reliability_hooks'],
@@ -83,10 +91,11 @@ def runs(tmp_path_factory):
         work_dir = str(tmp / name)
         dist_train(config, work_dir, os.path.join(data, folder), *(['--amp'] if amp else []))
         done[name] = work_dir
-    resumed = str(tmp / 'upernet-resumed')
-    dist_train(str(tmp / 'upernet.py'), resumed, os.path.join(data, 'ade'), '--resume',
-               os.path.join(done['upernet'], 'iter_2.pth'))
-    done['upernet-resumed'] = resumed
+    for name in RESUMED:  # iter_2.pth: a file, or the folder of the ranks' shards
+        resumed = str(tmp / f'{name}-resumed')
+        dist_train(str(tmp / f'{name}.py'), resumed, os.path.join(data, 'ade'), '--resume',
+                   os.path.join(done[name], 'iter_2.pth'))
+        done[f'{name}-resumed'] = resumed
     return done
 
 
@@ -100,7 +109,8 @@ def test_trains_with_finite_losses_and_one_set_of_weights(runs, name):
     assert w0.keys() == w1.keys()
     for key in w0:
         # BatchNorm's statistics (the heads' SyncBN is BN without CUDA) are each rank's own
-        # after its last forward: DDP broadcasts rank 0's buffers at the start of the next one
+        # after its last forward: DDP broadcasts rank 0's buffers at the start of the next
+        # one, FSDP never
         if not key.endswith(BN_STATISTICS):
             assert torch.equal(w0[key], w1[key]), key
 
@@ -120,14 +130,19 @@ def test_the_frozen_stage_keeps_its_initial_weights(runs, name):
 def test_each_rank_draws_its_own_random_numbers(runs, name):
     first = [records(runs[name], rank)[0]['torch_rng'] for rank in (0, 1)]
     assert first[0] != first[1]
+    if name.endswith('-fsdp'):
+        # shards load only into as many processes as saved them: that the ranks' states
+        # travel is shown by the exact resume below
+        return
     checkpoint = torch.load(os.path.join(runs[name], 'iter_2.pth'), weights_only=False)
     per_rank = checkpoint['rng_state_per_rank']
     assert len(per_rank) == 2
     assert not torch.equal(per_rank[0]['torch'], per_rank[1]['torch'])
 
 
-def test_resuming_from_rank_0s_checkpoint_ends_where_the_run_did(runs):
-    uninterrupted, resumed = runs['upernet'], runs['upernet-resumed']
+@pytest.mark.parametrize('name', RESUMED)
+def test_resuming_from_rank_0s_checkpoint_ends_where_the_run_did(runs, name):
+    uninterrupted, resumed = runs[name], runs[f'{name}-resumed']
     assert [r['iter'] for r in records(resumed, 1)] == [ITERS]
     for rank in (0, 1):
         assert records(resumed, rank)[-1] == records(uninterrupted, rank)[-1]
