@@ -428,8 +428,8 @@ def fully_shard() -> Callable:
             from torch.distributed._composable.fsdp import fully_shard as shard
         except ImportError:
             raise RuntimeError(f'FSDP2 (fully_shard) needs torch >= 2.4 (this is '
-                               f'{torch.__version__}): use FullyShardedDataParallel with '
-                               'swin_rpe_plugin.engine.sharding.swin_wrap_policy') from None
+                               f'{torch.__version__}): use FullyShardedDataParallel with the '
+                               'policy of swin_wrap_policy(model) (engine/sharding.py)') from None
     return shard
 
 
