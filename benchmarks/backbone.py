@@ -21,15 +21,18 @@ ARCHS = {
     'tiny': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
     'small': dict(embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
     'base': dict(embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
+    'large': dict(embed_dims=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)),
 }
 
 
-def build_model(which: str, arch: str, window_size: int = 7, seed: int = 0, **ours_kwargs):
-    """mmdet's Swin ('mmdet') or ours ('ours') with the same seeded random weights."""
+def build_model(which: str, arch: str, window_size: int = 7, seed: int = 0,
+                with_cp: bool = False, **ours_kwargs):
+    """mmdet's Swin ('mmdet') or ours ('ours') with the same seeded random weights;
+    ``with_cp``: both checkpoint their blocks (mmdet's argument)."""
     from mmdet.models.backbones import SwinTransformer as MMDetSwin
 
     from swin_rpe_plugin.models import SwinTransformer
-    cfg = dict(ARCHS[arch], window_size=window_size, drop_path_rate=0.0)
+    cfg = dict(ARCHS[arch], window_size=window_size, drop_path_rate=0.0, with_cp=with_cp)
     torch.manual_seed(seed)
     model = MMDetSwin(**cfg) if which == 'mmdet' else SwinTransformer(**cfg, **ours_kwargs)
     model.init_weights()
@@ -41,10 +44,11 @@ def build_model(which: str, arch: str, window_size: int = 7, seed: int = 0, **ou
     return model
 
 
-def build_pair(arch: str, window_size: int = 7, seed: int = 0, **ours_kwargs):
+def build_pair(arch: str, window_size: int = 7, seed: int = 0, with_cp: bool = False,
+               **ours_kwargs):
     """mmdet's Swin with random weights (tables included) and ours loaded from its state dict."""
-    stock = build_model('mmdet', arch, window_size, seed)
-    ours = build_model('ours', arch, window_size, seed, **ours_kwargs)
+    stock = build_model('mmdet', arch, window_size, seed, with_cp)
+    ours = build_model('ours', arch, window_size, seed, with_cp, **ours_kwargs)
     ours.load_state_dict(stock.state_dict(), strict=True)
     return stock, ours
 
@@ -102,9 +106,9 @@ def backbone_gflops(model: torch.nn.Module, shape: Tuple[int, int], batch: int) 
 
 
 def memory_step(which: str, arch: str, shape, batch: int, mode: str, dtype: str,
-                ours_kwargs: dict):
+                ours_kwargs: dict, with_cp: bool = False):
     """(step, input) of one backbone, built alone: what a memory child process measures."""
-    model = build_model(which, arch, **ours_kwargs)
+    model = build_model(which, arch, with_cp=with_cp, **ours_kwargs)
     return step_fn(model, mode, dtype), torch.randn(batch, 3, *shape)
 
 
@@ -117,7 +121,7 @@ def _compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
 
 def backbone_comparison(arch: str, shape: Tuple[int, int], batch: int, mode: str,
                         dtype: str = 'fp32', compile_model: bool = False,
-                        ours_kwargs: Optional[dict] = None) -> Comparison:
+                        ours_kwargs: Optional[dict] = None, with_cp: bool = False) -> Comparison:
     """mmdet's backbone against ours, same weights and input, one mode and dtype.
 
     max_abs_diff compares ours with mmdet under the same autocast; rel_err_vs_fp32 compares
@@ -125,9 +129,10 @@ def backbone_comparison(arch: str, shape: Tuple[int, int], batch: int, mode: str
     With ``compile_model`` both run under ``torch.compile`` (baseline 'mmdet_compiled',
     candidate 'ours_compiled') next to our eager step ('ours'): compiled must beat compiled
     mmdet and never lose to our eager code. Memory is measured for eager records only.
+    ``with_cp``: both backbones checkpoint their blocks (the record says ``with_cp``).
     """
     ours_kwargs = ours_kwargs or {}
-    stock, ours = build_pair(arch, **ours_kwargs)
+    stock, ours = build_pair(arch, with_cp=with_cp, **ours_kwargs)
     x = torch.randn(batch, 3, *shape)
     reference = step_fn(ours, 'infer')(x)
     outs = step_fn(ours, 'infer', dtype)(x)
@@ -138,8 +143,10 @@ def backbone_comparison(arch: str, shape: Tuple[int, int], batch: int, mode: str
                mode=mode + ('+compile' if compile_model else ''), dtype=dtype, **ours_kwargs)
     if backend() == 'generic':  # what other devices run, timed on this CPU
         key['backend'] = 'generic'
+    if with_cp:
+        key['with_cp'] = True
     if compile_model:
-        eager = build_model('ours', arch, **ours_kwargs)
+        eager = build_model('ours', arch, with_cp=with_cp, **ours_kwargs)
         eager.load_state_dict(ours.state_dict())
         steps = {'mmdet_compiled': step_fn(_compiled(stock, mode), mode, dtype),
                  'ours_compiled': step_fn(_compiled(ours, mode), mode, dtype),
@@ -151,7 +158,8 @@ def backbone_comparison(arch: str, shape: Tuple[int, int], batch: int, mode: str
                           gflops=gflops, roof_dtype=dtype, checks=checks)
     memory = {which: ChildStep(f'{__name__}:memory_step',
                                dict(which=which, arch=arch, shape=list(shape), batch=batch,
-                                    mode=mode, dtype=dtype, ours_kwargs=ours_kwargs))
+                                    mode=mode, dtype=dtype, ours_kwargs=ours_kwargs,
+                                    with_cp=with_cp))
               for which in ('mmdet', 'ours')}
     steps = {'mmdet': step_fn(stock, mode, dtype), 'ours': step_fn(ours, mode, dtype)}
     return Comparison(key, steps, x, baseline='mmdet', gflops=gflops, roof_dtype=dtype,
@@ -163,17 +171,18 @@ WORK_SIDES = ('mmdet', 'ours', 'ours_generic')
 
 def backbone_work(arch: str, shape: Tuple[int, int], batch: int, mode: str,
                   dtype: str = 'fp32', profiles: bool = False,
-                  freeze_tables: bool = False) -> dict:
+                  freeze_tables: bool = False, with_cp: bool = False) -> dict:
     """The exact work record of one case (``benchmarks/work.py``): mmdet's backbone, ours on the
     CPU path and ours on the generic path (``SWIN_RPE_BACKEND=generic``, what other devices
     run), same weights and input. Counts, so no timing and no memory child process.
 
     ``profiles`` keeps each side's bytes per operator and kept bytes per producer;
     ``freeze_tables``: no gradient for the relative position tables, in both models (the CPU's
-    SDPA then runs its fused kernels both ways, as a GPU's does with a bias gradient too)."""
+    SDPA then runs its fused kernels both ways, as a GPU's does with a bias gradient too);
+    ``with_cp``: both checkpoint their blocks."""
     from swin_rpe_plugin.ops.dispatch import force_backend
     from .work import count_work, side_summary
-    stock, ours = build_pair(arch)
+    stock, ours = build_pair(arch, with_cp=with_cp)
     for model in (stock, ours) if freeze_tables else ():
         for name, p in model.named_parameters():
             if 'relative_position_bias_table' in name:
@@ -183,7 +192,9 @@ def backbone_work(arch: str, shape: Tuple[int, int], batch: int, mode: str,
     for side in WORK_SIDES:
         model = stock if side == 'mmdet' else ours
         with force_backend('generic' if side == 'ours_generic' else 'auto'):
-            work = count_work(step_fn(model, mode, dtype), x, model, backward=mode == 'train')
+            work = count_work(step_fn(model, mode, dtype), x, model, backward=mode == 'train',
+                              launches=not with_cp)
         sides[side] = work if profiles else side_summary(work)
     return dict(kind='work', arch=arch, shape=list(shape), batch=batch, mode=mode, dtype=dtype,
-                sides=sides, **({'tables': 'frozen'} if freeze_tables else {}))
+                sides=sides, **({'tables': 'frozen'} if freeze_tables else {}),
+                **({'with_cp': True} if with_cp else {}))

@@ -52,8 +52,8 @@ def format_table(records: List[dict]) -> str:
 
 
 def case_label(record: dict) -> str:
-    """'tiny 512x512 b2 train bf16' (+ runtime and precision, + mask_padding, + 'generic path'
-    for a run with ``SWIN_RPE_BACKEND=generic``)."""
+    """'tiny 512x512 b2 train bf16' (+ runtime and precision, + mask_padding, + with_cp,
+    + 'generic path' for a run with ``SWIN_RPE_BACKEND=generic``)."""
     label = (f"{record['arch']} {'x'.join(map(str, record['shape']))} b{record['batch']} "
              f"{record['mode']} {record['dtype']}")
     if 'runtime' in record:
@@ -62,6 +62,8 @@ def case_label(record: dict) -> str:
         label += ' mask_padding'
     if record.get('tables'):
         label += f" tables {record['tables']}"
+    if record.get('with_cp'):
+        label += ' with_cp'
     if 'drop_path_rate' in record:
         label += f" drop path {record['drop_path_rate']:g}"
     if record.get('backend'):

@@ -38,7 +38,7 @@ KINDS = OrderedDict([('backbone', 'Backbone: mmdet 3.3 SwinTransformer vs ours')
                       'speedup = off / on)')])
 WORK_TITLE = 'Work outside the matrix products (exact counts)'
 CASE_FIELDS = ('kind', 'arch', 'shape', 'batch', 'mode', 'dtype', 'runtime', 'precision',
-               'mask_padding', 'window', 'backend', 'tables', 'drop_path_rate')
+               'mask_padding', 'window', 'backend', 'tables', 'drop_path_rate', 'with_cp')
 HOST_TITLE = "What a GPU's host pays per step (exact counts, and thread time at one thread)"
 CpuClass = Tuple[str, Optional[str], Tuple[str, ...]]
 

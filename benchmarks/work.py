@@ -362,7 +362,8 @@ def count_kernels(step: Callable, x, fused_attention: bool = True
 
 
 def count_work(step: Callable, x, model: Optional[torch.nn.Module] = None,
-               backward: bool = False, skip_products: bool = True) -> dict:
+               backward: bool = False, skip_products: bool = True,
+               launches: bool = True) -> dict:
     """Exact work of ``step(x)``, after one warm-up call (counted and dropped), at one thread.
 
     Args:
@@ -370,6 +371,11 @@ def count_work(step: Callable, x, model: Optional[torch.nn.Module] = None,
         model: whose parameters are excluded from the kept bytes.
         backward: whether the step trains (the kept bytes are then counted).
         skip_products: skip the products' arithmetic in the counted call (see above).
+        launches: count the kernels a GPU launches (:func:`count_kernels`; None without).
+            Not for checkpointed models: activation checkpointing recomputes the forward
+            inside backward, where the torch-function mode that counts SDPA as one fused call
+            is not active, so the recomputed SDPA keeps other tensors than the forward's and
+            checkpoint refuses them.
 
     Returns:
         dict(kernels (:func:`count_kernels`), kernels_by_op, product_flops, bytes_outside,
@@ -399,7 +405,7 @@ def count_work(step: Callable, x, model: Optional[torch.nn.Module] = None,
         saved_by[maker] += nbytes
     # Kernels as a GPU launches them (SDPA one fused call), from a step of their own: the
     # step above keeps what this device's SDPA keeps, for the bytes and the peak.
-    kernels, kernels_by_op = count_kernels(step, x)
+    kernels, kernels_by_op = count_kernels(step, x) if launches else (None, {})
     return dict(kernels=kernels, kernels_by_op=kernels_by_op,
                 product_flops=counter.product_flops, bytes_outside=sum(by_kind.values()),
                 bytes_by_kind=by_kind,

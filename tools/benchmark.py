@@ -5,7 +5,7 @@
         [--dtype fp32|bf16|fp16 ...] [--threads T] [--repeats R] [--quick] [--compile]
         [--no-memory] [--profile] [--runtime onnxruntime|openvino ...] [--runtime-only]
         [--detector mask-rcnn|upernet ...] [--padding-aware] [--window M (v2)] [--work]
-        [--freeze-tables] [--host]
+        [--freeze-tables] [--with-cp] [--no-work] [--host]
         [--default-malloc]
         [--json bench.json]
     .venv/bin/python tools/benchmark.py --report bench.json [more.json ...]
@@ -89,6 +89,9 @@ def parse_args(argv=None):
                    'shape (default: on unless --quick)')
     p.add_argument('--no-compile', dest='compile_lines', action='store_false')
     p.add_argument('--no-memory', action='store_true', help='skip the child-process memory runs')
+    p.add_argument('--no-work', action='store_true',
+                   help='skip the exact work counts each eager backbone record carries (three '
+                   'sides, a few steps each at one thread: minutes at Swin-L\'s detection sizes)')
     p.add_argument('--mask-padding', action='store_true',
                    help='also time our backbone with mask_padding=True')
     p.add_argument('--profile', action='store_true',
@@ -113,6 +116,9 @@ def parse_args(argv=None):
                    help='with --work: the relative position tables take no gradient in either '
                    'model (the CPU\'s SDPA then runs its fused kernels both ways, as a GPU\'s '
                    'does with or without a bias gradient)')
+    p.add_argument('--with-cp', action='store_true',
+                   help='both backbones checkpoint their blocks (mmdet\'s with_cp=True): train '
+                   'steps only (the default mode then); with --work too')
     p.add_argument('--host', action='store_true',
                    help='only the host work per step on the generic path (benchmarks/host.py), '
                    'ours against mmdet: Python calls, top-level ATen ops and thread CPU time '
@@ -138,6 +144,10 @@ def parse_args(argv=None):
     whole = args.runtime or args.detector or args.padding_aware
     if args.freeze_tables and not args.work:
         p.error('--freeze-tables goes with --work')
+    if args.with_cp and (args.arch in V2_ARCHS or whole or args.host or args.mask_padding
+                         or 'infer' in (args.mode or [])):
+        p.error('--with-cp checkpoints v1 backbones in train steps: drop --mode infer, '
+                '--runtime/--detector/--padding-aware/--host/--mask-padding, use a v1 --arch')
     if args.host and (args.work or args.runtime or args.padding_aware or args.compile_lines
                       or args.arch != 'tiny'):
         p.error('--host measures Swin-T\'s depth alone (and --detector mask-rcnn): drop '
@@ -161,6 +171,11 @@ def cases_of(args):
     return [(s, args.batch or b) for s, b in DEFAULT_CASES]
 
 
+def modes_of(args):
+    """The modes asked, else both (train alone with --with-cp: inference keeps nothing)."""
+    return args.mode or (['train'] if args.with_cp else ['infer', 'train'])
+
+
 def runnable_dtypes(args, peaks):
     dtypes = []
     for dtype in dict.fromkeys(args.dtype or ['fp32']):
@@ -179,7 +194,8 @@ def runnable_dtypes(args, peaks):
 def jobs_of(args, dtypes):
     """(label, builder of a Comparison, memory?) per record, built one at a time."""
     from benchmarks.backbone import backbone_comparison
-    cases, modes = cases_of(args), args.mode or ['infer', 'train']
+    cases, modes = cases_of(args), modes_of(args)
+    cp = args.with_cp
     compile_lines = (not args.quick) if args.compile_lines is None else args.compile_lines
     jobs = []
     only = args.runtime_only or args.detector_only
@@ -192,7 +208,8 @@ def jobs_of(args, dtypes):
         return jobs
     if not only:
         jobs += [(f'{s[0]}x{s[1]} b{b} {m} {d}',
-                  lambda s=s, b=b, m=m, d=d: backbone_comparison(args.arch, s, b, m, d), True)
+                  lambda s=s, b=b, m=m, d=d: backbone_comparison(args.arch, s, b, m, d,
+                                                                 with_cp=cp), True)
                  for d in dtypes for s, b in cases for m in modes]
         if args.mask_padding:
             jobs += [(f'{s[0]}x{s[1]} b{b} infer {d} mask_padding',
@@ -201,8 +218,8 @@ def jobs_of(args, dtypes):
                      for d in dtypes for s, b in cases]
         if compile_lines:  # compiling Swin-T takes minutes: the last shape only, every dtype
             jobs += [(f'{s[0]}x{s[1]} b{b} {m} {d} compile',
-                      lambda s=s, b=b, m=m, d=d: backbone_comparison(args.arch, s, b, m, d,
-                                                                     compile_model=True), False)
+                      lambda s=s, b=b, m=m, d=d: backbone_comparison(
+                          args.arch, s, b, m, d, compile_model=True, with_cp=cp), False)
                      for d in dtypes for s, b in cases[-1:] for m in modes]
     if args.detector and not args.runtime_only:
         from benchmarks.detector import DEFAULT_CASES, detector_comparison
@@ -261,9 +278,10 @@ def provenance(argv) -> dict:
 def work_main(args, argv, machine) -> int:
     """--work: the exact counts of every case, mode and dtype (fp32 and bf16 by default)."""
     records = [dict(backbone_work(args.arch, shape, batch, mode, dtype,
-                                  freeze_tables=args.freeze_tables), **machine)
+                                  freeze_tables=args.freeze_tables, with_cp=args.with_cp),
+                    **machine)
                for dtype in dict.fromkeys(args.dtype or ['fp32', 'bf16'])
-               for shape, batch in cases_of(args) for mode in args.mode or ['infer', 'train']]
+               for shape, batch in cases_of(args) for mode in modes_of(args)]
     print(format_work(records))
     if args.json:
         with open(args.json, 'w') as f:
@@ -337,9 +355,10 @@ def main(argv=None, restart: bool = False) -> int:
                                     profile=args.profile,
                                     measure_memory=memory and not args.no_memory)
             if record['kind'] == 'backbone' and '+' not in record['mode'] \
-                    and 'mask_padding' not in record:
+                    and 'mask_padding' not in record and not args.no_work:
                 record['work'] = backbone_work(record['arch'], record['shape'], record['batch'],
-                                               record['mode'], record['dtype'])['sides']
+                                               record['mode'], record['dtype'],
+                                               with_cp=args.with_cp)['sides']
             records.append(dict(record, **machine))
         if args.runtime:
             records += [dict(r, **machine) for r in runtime_records(args, bar)]

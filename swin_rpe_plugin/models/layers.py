@@ -21,7 +21,7 @@ from ..ops import (NormPrefix, WindowPlan, cached_window_plan, gather_relative_p
                    linear_residual, linear_with_recomputed_input, relative_position_index,
                    table_rows, to_window_tuple, traceable_window_plan, window_attention_qkv)
 from ..ops.dispatch import autocast_context, compute_dtype, is_tracing
-from ..ops.generic_block import patch_merge, swin_block
+from ..ops.generic_block import attention_half, ffn_half, patch_merge
 from ..ops.kept import KeptCopy, sources_key
 
 HW = Tuple[int, int]
@@ -436,42 +436,55 @@ class SwinBlock(nn.Module):
                 generic: bool = False) -> Tensor:
         """x: [B, H*W, C] -> [B, H*W, C]. ``generic``: the caller found x on the generic path
         outside tracers (``ops.dispatch.runs_generic_block``), so a plain V1 block runs
-        ``ops.generic_block.swin_block`` with the plan given. Asked again here whether a
+        ``ops.generic_block``'s halves with the plan given. Asked again here whether a
         compiler traces this call: torch 2.1's dynamo runs a frame eagerly after a graph break
         in its loop and traces the frames it calls, so a stage's answer can be an eager one.
 
         A forward hook (or pre-hook) on ``norm1``, ``attn``, ``norm2`` or ``ffn`` sends the
         block through its module form on every path, which calls them in mmdet's order with
-        mmdet's inputs and outputs (docs/backbone.md)."""
+        mmdet's inputs and outputs (docs/backbone.md).
+
+        ``with_cp``: each half (attention, FFN) is checkpointed on its own, so backward holds
+        one half's recomputed activations at a time, not the block's (docs/training.md)."""
         norm1, attn, norm2, ffn = self.norm1, self.attn, self.norm2, self.ffn
         hooked = has_forward_hooks(norm1, attn, norm2, ffn)
+        parts = None
         if generic and not hooked and not is_compiling():
             parts = self.generic_parts(norm1, attn, norm2, ffn)
-            if parts is not None:
-                return self.forward_generic(x, plan, parts)
+        if parts is not None:
+            attention_half, ffn_half = self.generic_halves(x, plan, parts)
+        elif self.post_norm:
+            def attention_half(x: Tensor) -> Tensor:
+                return x + attn(x, hw_shape, plan, post_norm=norm1)
 
-        def inner(x: Tensor) -> Tensor:
-            if self.post_norm:
-                x = x + attn(x, hw_shape, plan, post_norm=norm1)
+            def ffn_half(x: Tensor) -> Tensor:
                 return ffn(x, identity=x, post_norm=norm2)
-            if hooked:  # mmdet's module order: what each hook sees is what it sees there
-                x = x + attn(norm1(x), hw_shape, plan)
-                return ffn(norm2(x), identity=x)
-            x = attn(x, hw_shape, plan, norm=norm1, residual=x)
-            return ffn(x, identity=x, norm=norm2)
+        elif hooked:  # mmdet's module order: what each hook sees is what it sees there
+            def attention_half(x: Tensor) -> Tensor:
+                return x + attn(norm1(x), hw_shape, plan)
 
-        if self.with_cp and x.requires_grad:
-            return cp.checkpoint(inner, x, use_reentrant=False)
-        return inner(x)
+            def ffn_half(x: Tensor) -> Tensor:
+                return ffn(norm2(x), identity=x)
+        else:
+            def attention_half(x: Tensor) -> Tensor:
+                return attn(x, hw_shape, plan, norm=norm1, residual=x)
+
+            def ffn_half(x: Tensor) -> Tensor:
+                return ffn(x, identity=x, norm=norm2)
+
+        if self.with_cp and torch.is_grad_enabled() and (
+                x.requires_grad or any(p.requires_grad for p in self.parameters())):
+            x = cp.checkpoint(attention_half, x, use_reentrant=False)
+            return cp.checkpoint(ffn_half, x, use_reentrant=False)
+        return ffn_half(attention_half(x))
 
     def generic_parts(self, norm1: nn.Module, attn: nn.Module, norm2: nn.Module,
                       ffn: nn.Module) -> Optional[tuple]:
         """(norm1, w_msa, norm2, fc1, fc2, the two drop-path probabilities) when this block
-        is one ``ops.generic_block.swin_block`` computes: a V1 block (pre-norm, the table's
-        bias, SDPA) with LayerNorms, exact GELU, no dropout and no activation checkpointing;
-        else None. Read through the modules' attributes at each call, so a swapped module, or
+        is one ``ops.generic_block`` computes: a V1 block (pre-norm, the table's bias, SDPA)
+        with LayerNorms, exact GELU and no dropout; else None. Read through the modules' attributes at each call, so a swapped module, or
         a parameter a wrapper replaced (FSDP's views), is seen as it is now."""
-        if self.post_norm or self.with_cp:
+        if self.post_norm:
             return None
         w_msa, drop_attn, drop_ffn = attn.w_msa, attn.drop, ffn.dropout_layer
         (fc1, act, drop1), fc2, drop2 = ffn.layers
@@ -492,9 +505,10 @@ class SwinBlock(nn.Module):
                 drop_attn.drop_prob if type(drop_attn) is DropPath and drop_attn.training else 0.,
                 drop_ffn.drop_prob if type(drop_ffn) is DropPath and drop_ffn.training else 0.)
 
-    def forward_generic(self, x: Tensor, plan: WindowPlan, parts: tuple) -> Tensor:
-        """The block as ``ops.generic_block.swin_block`` computes it (see there), from
-        :meth:`generic_parts`."""
+    def generic_halves(self, x: Tensor, plan: WindowPlan, parts: tuple) -> tuple:
+        """The block's two halves as ``ops.generic_block.attention_half`` and ``ffn_half``
+        compute them (see there), from :meth:`generic_parts`: functions of the block input
+        and of the attention half's output."""
         norm1, w_msa, norm2, fc1, fc2, drop_attn, drop_ffn = parts
         qkv, proj = w_msa.qkv, w_msa.proj
         linears = [qkv.weight, qkv.bias, proj.weight, proj.bias, fc1.weight, fc1.bias,
@@ -505,11 +519,18 @@ class SwinBlock(nn.Module):
                 linears = self._kept_casts.get(
                     sources_key(linears, dtype),
                     lambda: [None if t is None else t.detach().to(dtype) for t in linears])
-        return swin_block(
-            x, plan, w_msa.num_heads, w_msa.scale, w_msa.relative_position_bias(False, False),
-            (norm1.weight, norm1.bias, norm1.eps), linears[0:2], linears[2:4],
-            (norm2.weight, norm2.bias, norm2.eps), linears[4:6], linears[6:8],
-            (drop_attn, drop_ffn))
+        bias = w_msa.relative_position_bias(False, False)
+        first = (norm1.weight, norm1.bias, norm1.eps)
+        second = (norm2.weight, norm2.bias, norm2.eps)
+
+        def attention(x: Tensor) -> Tensor:
+            return attention_half(x, plan, w_msa.num_heads, w_msa.scale, bias, first,
+                                  linears[0:2], linears[2:4], drop_attn)
+
+        def feed_forward(x: Tensor) -> Tensor:
+            return ffn_half(x, second, linears[4:6], linears[6:8], drop_ffn)
+
+        return attention, feed_forward
 
 
 # mmcv's drop path (and the identity it is at rate 0): what the generic block draws itself

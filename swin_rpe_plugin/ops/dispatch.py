@@ -88,7 +88,7 @@ def use_cpu_fast_paths(x: Tensor) -> bool:
 
 
 def runs_generic_block(x: Tensor) -> bool:
-    """True when the blocks of a stage on x run ``ops.generic_block.swin_block``: the generic
+    """True when the blocks of a stage on x run ``ops.generic_block``'s halves: the generic
     path in eager mode. Tracers, exporters and compilers see the modules' plain ops instead
     (they differentiate and fuse those themselves). Asked once per stage, not per layer."""
     return not is_tracing(x) and not use_cpu_fast_paths(x)

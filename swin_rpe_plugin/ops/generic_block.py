@@ -1,8 +1,10 @@
 """One Swin block as a GPU runs it: the generic path of a block, top to bottom, in one place.
 
+    attention_half:
     x  -> norm1 -> window gather -> qkv   ..... _NormWindowsQKV (one autograd Function)
        -> SDPA(q, k, v, bias (+ shift mask)) .. SDPA's own autograd (the device's fused kernels)
        -> proj (window order) -> gather back to map order -> x + drop_path(.)    plain autograd
+    ffn_half:
     x2 -> norm2 -> fc1 -> GELU -> fc2 -> x2 + drop_path(.) ..... _NormMLP (one autograd Function)
 
 and between stages, :func:`patch_merge` (2x2 neighbourhoods -> norm -> reduction,
@@ -37,9 +39,10 @@ from torch import Tensor
 
 from ..compat import apply_function, gelu_backward_
 from .attention import every_window
+from .dispatch import compute_dtype
 from .windows import _gather
 
-__all__ = ['swin_block', 'patch_merge', 'drop_path_keep']
+__all__ = ['attention_half', 'ffn_half', 'patch_merge', 'drop_path_keep']
 
 _layer_norm = torch.native_layer_norm
 _layer_norm_backward = torch.ops.aten.native_layer_norm_backward
@@ -166,22 +169,19 @@ def _add_residual(x: Tensor, out: Tensor) -> Tensor:
     return out.add_(x) if out.dtype == x.dtype else x + out
 
 
-def swin_block(x: Tensor, plan, heads: int, scale: float, bias: Tensor,
-               norm1: Tuple[Tensor, Tensor, float], qkv: Tuple[Tensor, Optional[Tensor]],
-               proj: Tuple[Tensor, Tensor], norm2: Tuple[Tensor, Tensor, float],
-               fc1: Tuple[Tensor, Tensor], fc2: Tuple[Tensor, Tensor],
-               drop_path: Tuple[float, float] = (0., 0.),
-               mask_bias: Optional[Tensor] = None) -> Tensor:
-    """One V1 Swin block on the generic path: [B, H*W, C] -> [B, H*W, C].
+def attention_half(x: Tensor, plan, heads: int, scale: float, bias: Tensor,
+                   norm1: Tuple[Tensor, Tensor, float], qkv: Tuple[Tensor, Optional[Tensor]],
+                   proj: Tuple[Tensor, Tensor], drop_prob: float = 0.,
+                   mask_bias: Optional[Tensor] = None) -> Tensor:
+    """``x + drop_path(proj(attention(windows(norm1(x)))))``: [B, H*W, C] -> [B, H*W, C].
 
     Args:
         plan: the block's window plan (``ops/plan.py``: gather, scatter, shift mask).
         heads, scale: attention heads and logit scale.
         bias: [heads, N, N] relative position bias (float32).
-        norm1, norm2: (weight, bias, eps) of the block's LayerNorms; qkv, proj, fc1, fc2:
-            (weight, bias) of its linear layers.
-        drop_path: the probabilities that drop path drops an image's attention and FFN
-            branches (mmcv's DropPath in training: :func:`drop_path_keep`; 0 in eval mode).
+        norm1: (weight, bias, eps) of the LayerNorm; qkv, proj: (weight, bias) of the linears.
+        drop_prob: the probability that drop path drops an image's branch (mmcv's DropPath in
+            training: :func:`drop_path_keep`; 0 in eval mode).
         mask_bias: bias + the shift mask of every window, [1 or B, nW * heads, N, N], in the
             products' dtype, if the caller has it (shifted blocks; made here otherwise).
     """
@@ -194,33 +194,32 @@ def swin_block(x: Tensor, plan, heads: int, scale: float, bias: Tensor,
         qkv_out = apply_function(_NormWindowsQKV, x, *norm1, index, zeros, plan.scatter, *qkv)
     else:
         qkv_out = _norm_windows_qkv(x, *norm1, index, zeros, plan.scatter, *qkv)
-    if plan.mask is None:  # q, k, v: views of the projection; the bias broadcast
-        q, k, v = qkv_out.view(b * nw, n, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(0).to(q.dtype),
-                                             scale=scale)
-        out = out.transpose(1, 2).reshape(b * nw, n, c)
-    else:  # q, k, v views as above; bias + mask per window, broadcast over the images
+    # q, k, v: views of the projection
+    q, k, v = qkv_out.view(b * nw, n, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
+    if plan.mask is None:  # the bias broadcast
+        attn_mask = bias.unsqueeze(0).to(q.dtype)
+    else:  # bias + mask per window, broadcast over the images
         if mask_bias is None:
             mask_bias = window_mask_bias(plan, bias, nw, qkv_out.dtype)
-        q, k, v = qkv_out.view(b * nw, n, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
-        mask_bias = mask_bias.expand(b, nw, heads, n, n).reshape(b * nw, heads, n, n)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_bias, scale=scale)
-        out = out.transpose(1, 2).reshape(b * nw, n, c)
-    # Drop path draws after qkv (no random op before it): attention's, then the FFN's.
-    attn_keep = ffn_keep = None
-    if drop_path[0]:
-        attn_keep = drop_path_keep(b, drop_path[0], qkv_out.dtype, x.device)
-    if drop_path[1]:
-        ffn_keep = drop_path_keep(b, drop_path[1], qkv_out.dtype, x.device)
+        attn_mask = mask_bias.expand(b, nw, heads, n, n).reshape(b * nw, heads, n, n)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+    out = out.transpose(1, 2).reshape(b * nw, n, c)
     # The projection in window order (it keeps SDPA's output), then back to map order.
     out = _gather(F.linear(out, *proj).view(b, -1, c), plan.scatter, False)
-    if attn_keep is not None:
-        x = torch.addcmul(x, out, attn_keep)
-    else:
-        x = x + out if grad else _add_residual(x, out)
-    if grad:
-        return apply_function(_NormMLP, x, *norm2, *fc1, *fc2, ffn_keep)
-    return _norm_mlp(x, *norm2, *fc1, *fc2, ffn_keep)
+    if drop_prob:
+        return torch.addcmul(x, out, drop_path_keep(b, drop_prob, out.dtype, x.device))
+    return x + out if grad else _add_residual(x, out)
+
+
+def ffn_half(x: Tensor, norm2: Tuple[Tensor, Tensor, float], fc1: Tuple[Tensor, Tensor],
+             fc2: Tuple[Tensor, Tensor], drop_prob: float = 0.) -> Tensor:
+    """``x + drop_path(fc2(gelu(fc1(norm2(x)))))``: [B, H*W, C] -> [B, H*W, C]; the arguments
+    as :func:`attention_half`'s."""
+    keep = drop_path_keep(x.shape[0], drop_prob, compute_dtype(x), x.device) \
+        if drop_prob else None
+    if torch.is_grad_enabled():
+        return apply_function(_NormMLP, x, *norm2, *fc1, *fc2, keep)
+    return _norm_mlp(x, *norm2, *fc1, *fc2, keep)
 
 
 def window_mask_bias(plan, bias: Tensor, nw: int, dtype: torch.dtype) -> Tensor:

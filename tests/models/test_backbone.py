@@ -1,8 +1,10 @@
 """Backbone behaviour around the numerics: checkpointing, freezing, modes, errors, masks."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from swin_rpe_plugin import SwinTransformer
+from swin_rpe_plugin.ops.dispatch import force_backend
 
 SMALL = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7,
              drop_path_rate=0.0)
@@ -14,16 +16,57 @@ def grads_of(model, x):
     return {n: p.grad for n, p in model.named_parameters()}
 
 
-def test_with_cp_gives_the_same_gradients():
+class _LayerNormCalls(TorchDispatchMode):
+    """Counts ``native_layer_norm`` forwards: a checkpointed half recomputes its norm once."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += func is torch.ops.aten.native_layer_norm.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize('backend', ['auto', 'generic'])
+@pytest.mark.parametrize('dtype', [None, torch.bfloat16])
+@pytest.mark.parametrize('frozen', [-1, 0])
+def test_with_cp_gives_the_same_gradients(backend, dtype, frozen, monkeypatch):
+    """with_cp checkpoints each half of every block (attention, FFN) on the CPU path and on
+    the generic path, with drop path drawing the same images in the recomputation, also where
+    the blocks' input takes no gradient (frozen_stages=0: mmdet then skips checkpointing);
+    gradients equal the unchecked model's with the same weights, and every half runs its
+    forward once more (one more LayerNorm each)."""
+    import torch.utils.checkpoint as checkpoint
+    regions = []
+
+    def counted(*args, **kwargs):
+        regions.append(1)
+        return run_checkpoint(*args, **kwargs)
+
+    run_checkpoint = checkpoint.checkpoint
+    monkeypatch.setattr(checkpoint, 'checkpoint', counted)
+    kwargs = dict(SMALL, drop_path_rate=0.3, frozen_stages=frozen)
     torch.manual_seed(0)
-    plain = SwinTransformer(**SMALL)
+    plain = SwinTransformer(**kwargs)
     plain.init_weights()
-    cp = SwinTransformer(**SMALL, with_cp=True)
+    cp = SwinTransformer(**kwargs, with_cp=True)
     cp.load_state_dict(plain.state_dict())
-    x = torch.randn(1, 3, 75, 90, requires_grad=True)
-    ref, got = grads_of(plain, x), grads_of(cp, x)
-    for name in ref:
-        assert torch.allclose(ref[name], got[name], atol=1e-6), name
+    x = torch.randn(2, 3, 75, 90)
+    grads, calls = [], []
+    for model in (plain, cp):
+        torch.manual_seed(1)
+        counter = _LayerNormCalls()
+        with force_backend(backend), counter, torch.autocast('cpu', torch.bfloat16,
+                                                             enabled=dtype is not None):
+            grads.append(grads_of(model, x))
+        calls.append(counter.calls)
+    for name, ref in grads[0].items():
+        if ref is None:
+            assert grads[1][name] is None, name
+        else:
+            assert torch.allclose(ref, grads[1][name], atol=1e-6, rtol=1e-5), name
+    assert len(regions) == calls[1] - calls[0] == 2 * sum(SMALL['depths'])
 
 
 @pytest.mark.parametrize('frozen', [-1, 0, 1, 2, 4])

@@ -1,7 +1,7 @@
 """Forward hooks on a block's parts (norm1, attn, norm2, ffn) fire on every path, once per call,
 and see what the same hooks see on mmdet 3.3's Swin with the same weights: a hooked block runs
 in mmdet's module order (docs/backbone.md). Without hooks the generic path runs
-``ops.generic_block.swin_block``, which calls no submodule."""
+``ops.generic_block``'s two halves, which call no submodule."""
 import pytest
 import torch
 
@@ -68,18 +68,19 @@ def test_hooks_fire_once_and_see_what_mmdets_see(backend, train, pre):
 
 
 def test_only_hooked_blocks_leave_the_generic_block(monkeypatch):
-    """The reverse: an unhooked block on the generic path runs ``swin_block``, which calls no
-    submodule, and a hook on one block's part sends that block alone through the module form."""
+    """The reverse: an unhooked block on the generic path runs ``ops.generic_block``'s
+    attention half, which calls no submodule, and a hook on one block's part sends that block
+    alone through the module form."""
     import swin_rpe_plugin.models.layers as layers
     _, ours = stock_and_ours()
     ran = []
 
     def spy(*args, **kwargs):
         ran.append(1)
-        return swin_block(*args, **kwargs)
+        return attention_half(*args, **kwargs)
 
-    swin_block = layers.swin_block
-    monkeypatch.setattr(layers, 'swin_block', spy)
+    attention_half = layers.attention_half
+    monkeypatch.setattr(layers, 'attention_half', spy)
     x = torch.randn(1, 3, 32, 32)
     with force_backend('generic'):
         ours(x)
