@@ -21,7 +21,7 @@ from ..ops import (NormPrefix, WindowPlan, cached_window_plan, gather_relative_p
                    linear_residual, linear_with_recomputed_input, relative_position_index,
                    table_rows, to_window_tuple, traceable_window_plan, window_attention_qkv)
 from ..ops.dispatch import autocast_context, compute_dtype, is_tracing
-from ..ops.generic_block import attention_half, ffn_half, patch_merge
+from ..ops.block import KERNELS, attention_half, ffn_half, patch_merge
 from ..ops.kept import KeptCopy, sources_key
 
 HW = Tuple[int, int]
@@ -112,18 +112,25 @@ class PatchMerging(nn.Module):
         self.in_channels, self.out_channels, self.stride = in_channels, out_channels, stride
         self.norm = build_norm_layer(norm_cfg, 4 * in_channels)[1] if norm_cfg else None
         self.reduction = nn.Linear(4 * in_channels, out_channels, bias=False)
+        self._kept_cast = KeptCopy()  # the reduction's cast at inference (ops/kept.py)
 
-    def forward(self, x: Tensor, hw_shape: HW, generic: bool = False) -> Tuple[Tensor, HW]:
+    def forward(self, x: Tensor, hw_shape: HW, kernels: Optional[str] = None
+                ) -> Tuple[Tensor, HW]:
         """[B, H*W, C] -> ([B, H'*W', C_out], (H', W')), H' = ceil(H / stride).
 
         Backward keeps x, not the neighbourhoods and their norm (two tensors of x's size that
         a copy and a norm give back): x is the stage output, which the output norm keeps.
-        ``generic``: as ``SwinBlock.forward``'s (``ops.generic_block.patch_merge``)."""
+        ``kernels``: as ``SwinBlock.forward``'s (``ops.block.patch_merge``)."""
         norm = self.norm
-        if generic and self.stride == 2 and is_layer_norm(norm) and not is_compiling():
+        if kernels and self.stride == 2 and is_layer_norm(norm) and not is_compiling():
             h, w = hw_shape
-            out = patch_merge(x, hw_shape, (norm.weight, norm.bias, norm.eps),
-                              self.reduction.weight)
+            weight = self.reduction.weight
+            dtype = compute_dtype(x)
+            if dtype != weight.dtype and not torch.is_grad_enabled():  # inference, autocast
+                weight = self._kept_cast.get(sources_key((weight,), dtype),
+                                             lambda: weight.detach().to(dtype))
+            out = patch_merge(x, hw_shape, (norm.weight, norm.bias, norm.eps), weight,
+                              KERNELS[kernels])
             return out, ((h + 1) // 2, (w + 1) // 2)
         norm = norm if norm is not None else _IDENTITY
         return self.reduce(x, hw_shape, norm, affine_tensors(norm))
@@ -193,7 +200,8 @@ class WindowMSA(nn.Module):
         return self.qkv.bias
 
     def query_key(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor, float]:
-        """(q, k, logit scale) as attention takes them (SwinV2 overrides: cosine attention)."""
+        """(q, k, logit scale) as attention takes them (SwinV2 overrides: cosine attention);
+        ``analysis/rpe_plots.py`` reproduces a block's attention through it."""
         return q, k, self.scale
 
     def relative_position_bias(self, tracing: Optional[bool] = None,
@@ -213,21 +221,6 @@ class WindowMSA(nn.Module):
             return gather_relative_position_bias(table, index, contiguous)
         return self._kept_bias.get(sources_key((table,), table.dtype, table.device),
                                    lambda: gather_relative_position_bias(table.detach(), index))
-
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None,
-                windows_per_image: Optional[int] = None) -> Tensor:
-        """x: [B * nW, N, C]; mask: [nM, N, N] for the last nM windows of each image, or None.
-
-        Returns [B * nW, N, C].
-        """
-        return self.attend(F.linear(x, self.qkv.weight, self.qkv_projection_bias()), mask,
-                           windows_per_image)
-
-    def attend(self, qkv: Tensor, mask: Optional[Tensor] = None,
-               windows_per_image: Optional[int] = None) -> Tensor:
-        """Attention and output projection from the qkv projection [B * nW, N, 3C]."""
-        out = self.attention(qkv, mask, windows_per_image)
-        return self.proj_drop(linear(out, self.proj.weight, self.proj.bias))
 
     def attention(self, qkv: Tensor, mask: Optional[Tensor] = None,
                   windows_per_image: Optional[int] = None) -> Tensor:
@@ -433,12 +426,16 @@ class SwinBlock(nn.Module):
         self._kept_casts = KeptCopy()  # the linears' casts at inference (ops/kept.py)
 
     def forward(self, x: Tensor, hw_shape: HW, plan: Optional[WindowPlan] = None,
-                generic: bool = False) -> Tensor:
-        """x: [B, H*W, C] -> [B, H*W, C]. ``generic``: the caller found x on the generic path
-        outside tracers (``ops.dispatch.runs_generic_block``), so a plain V1 block runs
-        ``ops.generic_block``'s halves with the plan given. Asked again here whether a
-        compiler traces this call: torch 2.1's dynamo runs a frame eagerly after a graph break
-        in its loop and traces the frames it calls, so a stage's answer can be an eager one.
+                kernels: Optional[str] = None) -> Tensor:
+        """x: [B, H*W, C] -> [B, H*W, C].
+
+        ``kernels``: the backbone's choice for this forward (``ops.dispatch.block_kernels``:
+        'cpu' or 'generic'), with which a V1 block runs ``ops.block``'s two halves, its one
+        definition, with the plan given; None (tracers, exporters, compilers) or a block the
+        halves do not compute (SwinV2's post-norm, dropout, other norms or activations, the
+        explicit attention) runs the modules' plain form. Asked again here whether a compiler
+        traces this call: torch 2.1's dynamo runs a frame eagerly after a graph break in its
+        loop and traces the frames it calls, so a stage's answer can be an eager one.
 
         A forward hook (or pre-hook) on ``norm1``, ``attn``, ``norm2`` or ``ffn`` sends the
         block through its module form on every path, which calls them in mmdet's order with
@@ -449,10 +446,10 @@ class SwinBlock(nn.Module):
         norm1, attn, norm2, ffn = self.norm1, self.attn, self.norm2, self.ffn
         hooked = has_forward_hooks(norm1, attn, norm2, ffn)
         parts = None
-        if generic and not hooked and not is_compiling():
-            parts = self.generic_parts(norm1, attn, norm2, ffn)
+        if kernels and not hooked and not is_compiling():
+            parts = self.block_parts(norm1, attn, norm2, ffn)
         if parts is not None:
-            attention_half, ffn_half = self.generic_halves(x, plan, parts)
+            attention_half, ffn_half = self.halves(x, plan, parts, KERNELS[kernels])
         elif self.post_norm:
             def attention_half(x: Tensor) -> Tensor:
                 return x + attn(x, hw_shape, plan, post_norm=norm1)
@@ -478,10 +475,10 @@ class SwinBlock(nn.Module):
             return cp.checkpoint(ffn_half, x, use_reentrant=False)
         return ffn_half(attention_half(x))
 
-    def generic_parts(self, norm1: nn.Module, attn: nn.Module, norm2: nn.Module,
-                      ffn: nn.Module) -> Optional[tuple]:
+    def block_parts(self, norm1: nn.Module, attn: nn.Module, norm2: nn.Module,
+                    ffn: nn.Module) -> Optional[tuple]:
         """(norm1, w_msa, norm2, fc1, fc2, the two drop-path probabilities) when this block
-        is one ``ops.generic_block`` computes: a V1 block (pre-norm, the table's bias, SDPA)
+        is one ``ops.block`` computes: a V1 block (pre-norm, the table's bias, fused attention)
         with LayerNorms, exact GELU and no dropout; else None. Read through the modules' attributes at each call, so a swapped module, or
         a parameter a wrapper replaced (FSDP's views), is seen as it is now."""
         if self.post_norm:
@@ -505,10 +502,11 @@ class SwinBlock(nn.Module):
                 drop_attn.drop_prob if type(drop_attn) is DropPath and drop_attn.training else 0.,
                 drop_ffn.drop_prob if type(drop_ffn) is DropPath and drop_ffn.training else 0.)
 
-    def generic_halves(self, x: Tensor, plan: WindowPlan, parts: tuple) -> tuple:
-        """The block's two halves as ``ops.generic_block.attention_half`` and ``ffn_half``
-        compute them (see there), from :meth:`generic_parts`: functions of the block input
-        and of the attention half's output."""
+    def halves(self, x: Tensor, plan: WindowPlan, parts: tuple, kernels) -> tuple:
+        """The block's two halves as ``ops.block.attention_half`` and ``ffn_half`` compute
+        them with ``kernels`` (see there), from :meth:`block_parts`: functions of the block
+        input and of the attention half's output. At inference under autocast the linears'
+        casts are the last call's while their weights are unchanged (``ops/kept.py``)."""
         norm1, w_msa, norm2, fc1, fc2, drop_attn, drop_ffn = parts
         qkv, proj = w_msa.qkv, w_msa.proj
         linears = [qkv.weight, qkv.bias, proj.weight, proj.bias, fc1.weight, fc1.bias,
@@ -519,19 +517,20 @@ class SwinBlock(nn.Module):
                 linears = self._kept_casts.get(
                     sources_key(linears, dtype),
                     lambda: [None if t is None else t.detach().to(dtype) for t in linears])
-        bias = w_msa.relative_position_bias(False, False)
+        # The generic kernels broadcast the gathered bias as it is (a permuted view).
+        bias = w_msa.relative_position_bias(False, kernels.name != 'generic')
         first = (norm1.weight, norm1.bias, norm1.eps)
         second = (norm2.weight, norm2.bias, norm2.eps)
 
         def attention(x: Tensor) -> Tensor:
             return attention_half(x, plan, w_msa.num_heads, w_msa.scale, bias, first,
-                                  linears[0:2], linears[2:4], drop_attn)
+                                  linears[0:2], linears[2:4], drop_attn, kernels)
 
         def feed_forward(x: Tensor) -> Tensor:
-            return ffn_half(x, second, linears[4:6], linears[6:8], drop_ffn)
+            return ffn_half(x, second, linears[4:6], linears[6:8], drop_ffn, kernels)
 
         return attention, feed_forward
 
 
-# mmcv's drop path (and the identity it is at rate 0): what the generic block draws itself
+# mmcv's drop path (and the identity it is at rate 0): what ops.block draws itself
 _DROP_PATHS = (DropPath, nn.Identity)

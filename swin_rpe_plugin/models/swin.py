@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..compat import register_load_state_dict_pre_hook
 from ..ops import resize_absolute_pos_embed, to_window_tuple
-from ..ops.dispatch import is_tracing, runs_generic_block
+from ..ops.dispatch import block_kernels, is_tracing
 from ..ops.kept import new_generation
 from ..registry import MODELS
 from .layers import HW, PatchEmbed, PatchMerging, SwinBlock, WindowMSA
@@ -46,15 +46,14 @@ class SwinBlockSequence(nn.Module):
 
     def forward(self, x: Tensor, hw_shape: HW, valid: Optional[tuple] = None,
                 token_mask: Optional[Tensor] = None,
-                generic: Optional[bool] = None) -> Tuple[Tensor, HW, Tensor, HW]:
+                kernels: Optional[str] = None) -> Tuple[Tensor, HW, Tensor, HW]:
         """x: [B, H*W, C] -> (merged x, its hw, stage output, hw).
 
         Args:
             valid: per-image (h, w) token regions, or None (then ``mask_padding`` decides).
             token_mask: [B, H*W, 1], 1 on valid tokens: zeroes the rest before merging.
-            generic: whether x is on the generic path outside tracers
-                (``ops.dispatch.runs_generic_block``; None: asked here). The backbone asks
-                once per forward.
+            kernels: the blocks' kernels (``ops.dispatch.block_kernels``, asked once per
+                backbone forward), or None: the modules' plain ops.
         """
         if valid is None and self.mask_padding:
             valid = tuple(hw_shape)
@@ -66,16 +65,14 @@ class SwinBlockSequence(nn.Module):
         first_plan = other_plan = first.attn.plan(hw_shape, valid, x)
         if len(self.blocks) > 1 and self.blocks[1].shift_size != first.shift_size:
             other_plan = self.blocks[1].attn.plan(hw_shape, valid, x)
-        if generic is None:
-            generic = runs_generic_block(x)
         for block in self.blocks:
             x = block(x, hw_shape,
                       first_plan if block.shift_size == first.shift_size else other_plan,
-                      generic)
+                      kernels)
         if self.downsample is None:
             return x, hw_shape, x, hw_shape
         x_down, down_hw = self.downsample(x if token_mask is None else x * token_mask, hw_shape,
-                                          generic)
+                                          kernels)
         return x_down, down_hw, x, hw_shape
 
 
@@ -299,12 +296,12 @@ class SwinTransformer(BaseModule):
         valid = None if valid is None else tuple(
             (-(-h // patch[0]), -(-w // patch[1])) for h, w in valid)
         outs = []
-        generic = not tracing and runs_generic_block(x)
+        kernels = block_kernels(x)
         for i, stage in enumerate(self.stages):
             token_mask = None
             if valid is not None and any(v != tuple(hw_shape) for v in valid):
                 token_mask = _region_mask(valid, hw_shape, x).view(x.shape[0], -1, 1)
-            x, next_hw, out, out_hw = stage(x, hw_shape, valid, token_mask, generic)
+            x, next_hw, out, out_hw = stage(x, hw_shape, valid, token_mask, kernels)
             if i in self.out_indices:
                 out = getattr(self, f'norm{i}')(out)
                 if token_mask is not None:

@@ -141,9 +141,10 @@ class PatchMergingV2(PatchMerging):
         super().__init__(in_channels, out_channels, stride, norm_cfg=None)
         self.norm = build_norm_layer(norm_cfg, out_channels)[1] if norm_cfg else None
 
-    def forward(self, x: Tensor, hw_shape: HW, generic: bool = False) -> Tuple[Tensor, HW]:
-        """[B, H*W, C] -> ([B, H'*W', C_out], (H', W')), H' = ceil(H / stride) (the generic
-        path runs the modules below: ``generic`` is the stage's shared signature)."""
+    def forward(self, x: Tensor, hw_shape: HW, kernels: Optional[str] = None
+                ) -> Tuple[Tensor, HW]:
+        """[B, H*W, C] -> ([B, H'*W', C_out], (H', W')), H' = ceil(H / stride) (every path runs
+        the modules below: ``kernels`` is the stage's shared signature)."""
         x, hw = self.reduce(x, hw_shape, nn.Identity(), [])  # backward keeps x only
         return (x if self.norm is None else self.norm(x)), hw
 

@@ -12,8 +12,7 @@ from .recompute import (NormPrefix, gelu_grad_in_place, linear_keeping_input,
 from .relative_position import (gather_relative_position_bias, relative_position_index,
                                 resize_relative_position_bias_table,
                                 table_rows, to_window_tuple)
-from .windows import (gather_tokens, pad_to_window, padded_size, window_partition,
-                      window_unpartition)
+from .windows import gather_tokens, pad_to_window, padded_size, window_partition
 
 __all__ = [
     'MASK_VALUE', 'WindowPlan', 'cached_window_plan', 'continuous_position_bias',
@@ -27,5 +26,4 @@ __all__ = [
     'shift_attention_mask', 'shift_region_labels', 'split_qkv', 'table_rows', 'to_window_tuple',
     'traceable_window_plan',
     'window_attention', 'window_attention_qkv', 'window_attention_mask', 'window_partition',
-    'window_unpartition',
 ]

@@ -43,7 +43,7 @@ from torch import Tensor
 from ..compat import (CPU_FLASH_TAKES_MASK, HAS_CUSTOM_OP, SDPA_TAKES_FLOAT_MASK, autocast_available, autocast_context, autocast_dtype,
                       autocast_enabled, cpu_capability, is_compiling, is_exporting)
 
-__all__ = ['BACKENDS', 'backend', 'force_backend', 'use_cpu_fast_paths', 'runs_generic_block', 'compute_dtype',
+__all__ = ['BACKENDS', 'backend', 'force_backend', 'use_cpu_fast_paths', 'block_kernels', 'compute_dtype',
            'autocast_state', 'autocast_context', 'is_tracing', 'KERNELS', 'KERNEL_RULES',
            'DEFAULT_KERNELS', 'CPU_CLASS', 'cpu_class', 'choose_kernel', 'force_kernel']
 
@@ -87,11 +87,14 @@ def use_cpu_fast_paths(x: Tensor) -> bool:
     return x.device.type == 'cpu' and not torch.jit.is_tracing() and backend() == 'auto'
 
 
-def runs_generic_block(x: Tensor) -> bool:
-    """True when the blocks of a stage on x run ``ops.generic_block``'s halves: the generic
-    path in eager mode. Tracers, exporters and compilers see the modules' plain ops instead
-    (they differentiate and fuse those themselves). Asked once per stage, not per layer."""
-    return not is_tracing(x) and not use_cpu_fast_paths(x)
+def block_kernels(x: Tensor) -> Optional[str]:
+    """The kernels the blocks of one backbone forward on x run (``ops/block.py``): 'cpu' where
+    the CPU fast paths apply, 'generic' on every other device (and on the CPU under the
+    generic backend); None under tracers, exporters and compilers, which see the modules'
+    plain ops (they differentiate and fuse those themselves). Asked once per forward."""
+    if is_tracing(x):
+        return None
+    return 'cpu' if use_cpu_fast_paths(x) else 'generic'
 
 
 def is_tracing(x: Tensor) -> bool:

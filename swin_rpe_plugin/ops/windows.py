@@ -1,4 +1,4 @@
-"""Window partition with padding, and its inverse.
+"""Window partition with padding, and the gather of tokens that window plans use.
 
 Padding is bottom/right ("corner"), as in mmdet/mmseg, so that token (0, 0) stays at the
 top-left and unpadded sizes are recovered by cropping. Imports torch only.
@@ -12,8 +12,7 @@ from torch import Tensor
 from ..compat import HAS_CUSTOM_OP, is_compiling
 from .relative_position import to_window_tuple
 
-__all__ = ['padded_size', 'pad_to_window', 'window_partition', 'window_unpartition',
-           'gather_tokens']
+__all__ = ['padded_size', 'pad_to_window', 'window_partition', 'gather_tokens']
 
 # Where a gather's output has zero tokens: nowhere, where the index holds L, or these positions.
 Zeros = Union[bool, Tensor]
@@ -55,31 +54,6 @@ def window_partition(x: Tensor, window_size) -> Tuple[Tensor, Tuple[int, int]]:
     b, hp, wp, c = x.shape
     x = x.view(b, hp // mh, mh, wp // mw, mw, c).permute(0, 1, 3, 2, 4, 5)
     return x.reshape(-1, mh * mw, c), pad
-
-
-def window_unpartition(windows: Tensor, window_size, padded_hw: Tuple[int, int],
-                       pad: Tuple[int, int] = (0, 0)) -> Tensor:
-    """Inverse of :func:`window_partition`: reassemble windows and crop the padding off.
-
-    Args:
-        windows: [B * nW, Mh * Mw, C].
-        window_size: M or (Mh, Mw).
-        padded_hw: (Hp, Wp) of the padded map the windows came from.
-        pad: (pad_h, pad_w) to crop from the bottom and right.
-
-    Returns:
-        [B, Hp - pad_h, Wp - pad_w, C].
-    """
-    mh, mw = to_window_tuple(window_size)
-    hp, wp = padded_hw
-    if hp % mh or wp % mw:
-        raise ValueError(f'padded_hw {padded_hw} is not a multiple of window {(mh, mw)}')
-    c = windows.shape[-1]
-    x = windows.view(-1, hp // mh, wp // mw, mh, mw, c).permute(0, 1, 3, 2, 4, 5)
-    x = x.reshape(-1, hp, wp, c)
-    if pad != (0, 0):
-        x = x[:, :hp - pad[0], :wp - pad[1]]
-    return x
 
 
 class _GatherTokens(torch.autograd.Function):

@@ -1,7 +1,7 @@
 """Forward hooks on a block's parts (norm1, attn, norm2, ffn) fire on every path, once per call,
 and see what the same hooks see on mmdet 3.3's Swin with the same weights: a hooked block runs
 in mmdet's module order (docs/backbone.md). Without hooks the generic path runs
-``ops.generic_block``'s two halves, which call no submodule."""
+``ops.block``'s two halves, which call no submodule."""
 import pytest
 import torch
 
@@ -67,10 +67,11 @@ def test_hooks_fire_once_and_see_what_mmdets_see(backend, train, pre):
         assert torch.allclose(a, b, atol=1e-5) and torch.allclose(a, c, atol=1e-5)
 
 
-def test_only_hooked_blocks_leave_the_generic_block(monkeypatch):
-    """The reverse: an unhooked block on the generic path runs ``ops.generic_block``'s
-    attention half, which calls no submodule, and a hook on one block's part sends that block
-    alone through the module form."""
+@pytest.mark.parametrize('backend', ['auto', 'generic'])
+def test_only_hooked_blocks_leave_the_one_block(monkeypatch, backend):
+    """The reverse: an unhooked block on the CPU path and on the generic path runs
+    ``ops.block``'s attention half, which calls no submodule, and a hook on one block's part
+    sends that block alone through the module form."""
     import swin_rpe_plugin.models.layers as layers
     _, ours = stock_and_ours()
     ran = []
@@ -82,7 +83,7 @@ def test_only_hooked_blocks_leave_the_generic_block(monkeypatch):
     attention_half = layers.attention_half
     monkeypatch.setattr(layers, 'attention_half', spy)
     x = torch.randn(1, 3, 32, 32)
-    with force_backend('generic'):
+    with force_backend(backend):
         ours(x)
         assert len(ran) == 4
         ours.stages[1].blocks[0].ffn.register_forward_hook(lambda m, args, out: None)

@@ -15,8 +15,7 @@ from swin_rpe_plugin.models.layers import ShiftWindowMSA
 from swin_rpe_plugin.ops import (gather_relative_position_bias, pad_to_window,
                                  padding_key_mask, relative_position_index,
                                  resize_relative_position_bias_table, shift_attention_mask,
-                                 window_attention, window_partition, window_plan,
-                                 window_unpartition)
+                                 window_attention, window_partition, window_plan)
 
 TINY = dict(embed_dims=8, depths=(2, 2), num_heads=(1, 2), strides=(4, 2), window_size=3,
             out_indices=(0, 1), drop_path_rate=0.0)
@@ -113,8 +112,6 @@ Q = torch.zeros(4, 2, 9, 4)
      ValueError, r'x must be \[B, H, W, C\], got shape \(3, 4, 5\)'),
     (lambda: window_partition(torch.zeros(3, 4, 5), 2),
      ValueError, r'x must be \[B, H, W, C\], got shape \(3, 4, 5\)'),
-    (lambda: window_unpartition(torch.zeros(4, 4, 1), 2, (5, 4)),
-     ValueError, r'padded_hw \(5, 4\) is not a multiple of window \(2, 2\)'),
     (lambda: shift_attention_mask((4, 4), 2, -1),
      ValueError, r'shift_size must be in \[0, window\).*got -1'),
     (lambda: shift_attention_mask((4, 4), 2, (1, 1, 1)),
@@ -137,7 +134,7 @@ Q = torch.zeros(4, 2, 9, 4)
                               windows_per_image=3),
      ValueError, r'mask of shape \(1, 9, 9\) does not fit 4 windows of 9 tokens, 3 per image'),
 ], ids=['table-1d', 'table-rows', 'resize-mode', 'resize-table', 'resize-window', 'pad-3d',
-        'partition-3d', 'unpartition', 'shift-negative', 'shift-3', 'mask-padded-hw',
+        'partition-3d', 'shift-negative', 'shift-3', 'mask-padded-hw',
         'valid-outside', 'valid-negative', 'plan-shift', 'plan-valid', 'attention-bias',
         'attention-mask', 'attention-windows-per-image'])
 def test_functional_core_names_the_argument(fn, exc, pattern):

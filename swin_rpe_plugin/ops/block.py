@@ -1,0 +1,391 @@
+"""One Swin V1 block, written once: its numerics here, its kernels a choice inside.
+
+    attention_half:
+    x  -> norm1 -> window gather -> qkv   ..... _NormWindowsQKV (one autograd Function)
+       -> attention(q, k, v, bias (+ shift mask)) ............. the kernels' (see below)
+       -> proj -> back to map order -> x + drop_path(.)
+    ffn_half:
+    x2 -> norm2 -> fc1 -> GELU -> fc2 -> x2 + drop_path(.) ..... _NormMLP (one autograd Function)
+
+and between stages, :func:`patch_merge` (2x2 neighbourhoods -> norm -> reduction,
+_MergeNormReduce).
+
+The kernels (:class:`BlockKernels`) are chosen once per backbone forward by
+``dispatch.block_kernels``, as SDPA chooses its backend inside one call:
+
+- :data:`GENERIC` (every device; the CPU under ``SWIN_RPE_BACKEND=generic``): ``F.linear``,
+  one ``F.scaled_dot_product_attention`` call per layer for all windows of all images (each
+  device's fused kernels, SDPA's own autograd), the output projection in window order (it
+  keeps SDPA's output, which SDPA keeps anyway), then the gather back and the residual add.
+- :data:`CPU`: the products by ``dispatch.KERNEL_RULES`` (oneDNN or MKL, ``ops/linear.py``),
+  the residual added by the product itself, and the window attention op of
+  ``ops/attention.py`` (unmasked and masked windows apart, the backward recomputed a chunk of
+  windows at a time, which keeps no attention matrix): its output goes back to map order
+  first, and the projection keeps it.
+
+At detection sizes a GPU step is bound by its host, so the block is written for the host's work
+per step: two autograd Functions per block, whose backwards are straight sequences of native
+ops (no nested autograd pass, no Python callback), no cast, reshape or detach that changes
+nothing, and facts (dtype, drop path) read once per block. Memory stays lean: the Functions
+keep their inputs and recompute the norms, the window gather and GELU in backward (the GEMMs
+are never recomputed); q, k and v are views of the qkv projection in every block.
+On the generic kernels, shifted blocks add the shift mask to the bias once per window ([nW, heads, N, N]) and expand
+it over the images (one copy, which measured leaner than folding the windows into the heads:
+that copies q, k, v and the output instead; tables frozen, Swin-T 512x512 b2 fp32, allocator
+peak 0.648x of mmdet's against 0.654x).
+
+Under autocast the products run in autocast's dtype (F.linear casts in forward, the CPU's
+kernels cast as it would; the backwards, which run outside autocast, cast the weights again
+instead of keeping their casts), the norms
+and the residual stream stay in the input's dtype, as in mmdet's Swin. Drop path is mmcv's
+(the same random draw per image, in the same order: attention branch, then FFN branch).
+
+Eligibility (LayerNorm norms, exact GELU, no dropout, eager mode: tracers, exporters and
+compilers see the modules' plain ops) is the caller's: ``models/layers.SwinBlock``. Imports
+torch only.
+"""
+from typing import Callable, NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..compat import apply_function, gelu_backward_
+from .attention import every_window, window_attention_qkv
+from .dispatch import compute_dtype
+from .linear import linear, linear_residual
+from .recompute import linear_keeping_input
+from .windows import _gather, gather_tokens
+
+__all__ = ['BlockKernels', 'GENERIC', 'CPU', 'KERNELS', 'attention_half', 'ffn_half',
+           'patch_merge', 'drop_path_keep']
+
+_layer_norm = torch.native_layer_norm
+_layer_norm_backward = torch.ops.aten.native_layer_norm_backward
+_gelu_ = torch.ops.aten.gelu_
+
+
+def drop_path_keep(batch: int, drop_prob: float, dtype: torch.dtype, device) -> Tensor:
+    """[B, 1, 1] per-image scale of mmcv's ``DropPath`` (0 or 1 / keep_prob), drawn as mmcv
+    draws it (``keep_prob + rand([B, 1, 1])`` in the branch's dtype, floored), so the random
+    stream and the dropped images are mmcv's."""
+    keep_prob = 1 - drop_prob
+    keep = torch.rand((batch, 1, 1), dtype=dtype, device=device)
+    return keep.add_(keep_prob).floor_().div_(keep_prob)
+
+
+class _NormWindowsQKV(torch.autograd.Function):
+    """``linear(gather(layer_norm(x)), weight, bias)``: keeps x and the norm's statistics, and
+    recomputes the norm and the gather in backward."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, norm_weight: Tensor, norm_bias: Tensor, eps: float,
+                index: Tensor, zeros, scatter: Tensor, weight: Tensor,
+                bias: Optional[Tensor], kernels: 'BlockKernels') -> Tensor:
+        shape = x.shape[-1:]
+        y, mean, rstd = _layer_norm(x, shape, norm_weight, norm_bias, eps)
+        qkv = kernels.linear(_gather(y, index, zeros), weight, bias)
+        ctx.save_for_backward(x, mean, rstd, norm_weight, norm_bias, weight, index, scatter)
+        ctx.eps, ctx.zeros, ctx.has_bias, ctx.kernels = eps, zeros, bias is not None, kernels
+        return qkv
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, mean, rstd, norm_weight, norm_bias, weight, index, scatter = ctx.saved_tensors
+        dtype, shape, kernels = grad.dtype, x.shape[-1:], ctx.kernels
+        c = shape[0]
+        windows = _gather(_layer_norm(x, shape, norm_weight, norm_bias, ctx.eps)[0], index,
+                          ctx.zeros)
+        if windows.dtype != dtype:
+            windows = windows.to(dtype)
+        grad = grad.reshape(-1, grad.shape[-1])
+        grad_weight = grad.t().mm(windows.view(-1, c))
+        grad_bias = kernels.bias_grad(grad, weight.dtype) if ctx.has_bias else None
+        grad_windows = kernels.grad_input(grad, weight if weight.dtype == dtype
+                                          else weight.to(dtype))
+        grad_y = _gather(grad_windows.view(x.shape[0], -1, c), scatter, False)
+        if grad_y.dtype != x.dtype:
+            grad_y = grad_y.to(x.dtype)
+        needs = ctx.needs_input_grad
+        grad_x, grad_norm_weight, grad_norm_bias = _layer_norm_backward(
+            grad_y, x, shape, mean, rstd, norm_weight, norm_bias, [needs[0], needs[1], needs[2]])
+        if grad_weight.dtype != weight.dtype:
+            grad_weight = grad_weight.to(weight.dtype)
+        return (grad_x, grad_norm_weight, grad_norm_bias, None, None, None, None, grad_weight,
+                grad_bias, None)
+
+
+class _NormMLP(torch.autograd.Function):
+    """``x + keep * fc2(gelu(fc1(layer_norm(x))))``: keeps x, the norm's statistics and fc1's
+    output; recomputes the norm and GELU in backward, GELU's gradient written in place."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, norm_weight: Tensor, norm_bias: Tensor, eps: float,
+                fc1_weight: Tensor, fc1_bias: Tensor, fc2_weight: Tensor, fc2_bias: Tensor,
+                keep: Optional[Tensor], kernels: 'BlockKernels') -> Tensor:
+        shape = x.shape[-1:]
+        y, mean, rstd = _layer_norm(x, shape, norm_weight, norm_bias, eps)
+        hidden = kernels.linear(y, fc1_weight, fc1_bias)
+        ctx.save_for_backward(x, mean, rstd, norm_weight, norm_bias, fc1_weight, fc2_weight,
+                              hidden, keep)
+        ctx.eps, ctx.kernels = eps, kernels
+        if keep is None:
+            return kernels.linear_residual(F.gelu(hidden), fc2_weight, fc2_bias, x)
+        return torch.addcmul(x, kernels.linear(F.gelu(hidden), fc2_weight, fc2_bias), keep)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (x, mean, rstd, norm_weight, norm_bias, fc1_weight, fc2_weight, hidden,
+         keep) = ctx.saved_tensors
+        dtype, shape, kernels = hidden.dtype, x.shape[-1:], ctx.kernels
+        g = grad if keep is None else grad * keep
+        if g.dtype != dtype:
+            g = g.to(dtype)
+        g = g.reshape(-1, shape[0])
+        hidden = hidden.view(-1, hidden.shape[-1])
+        grad_fc2_weight = g.t().mm(F.gelu(hidden))
+        grad_fc2_bias = kernels.bias_grad(g, fc2_weight.dtype)
+        grad_hidden = gelu_backward_(kernels.grad_input(
+            g, fc2_weight if fc2_weight.dtype == dtype else fc2_weight.to(dtype)), hidden)
+        y = _layer_norm(x, shape, norm_weight, norm_bias, ctx.eps)[0]
+        if y.dtype != dtype:
+            y = y.to(dtype)
+        grad_fc1_weight = grad_hidden.t().mm(y.view(-1, shape[0]))
+        grad_fc1_bias = kernels.bias_grad(grad_hidden, fc1_weight.dtype)
+        grad_y = kernels.grad_input(grad_hidden, fc1_weight if fc1_weight.dtype == dtype
+                                    else fc1_weight.to(dtype)).view(x.shape)
+        if grad_y.dtype != x.dtype:
+            grad_y = grad_y.to(x.dtype)
+        needs = ctx.needs_input_grad
+        grad_x, grad_norm_weight, grad_norm_bias = _layer_norm_backward(
+            grad_y, x, shape, mean, rstd, norm_weight, norm_bias, [True, needs[1], needs[2]])
+        if grad_fc1_weight.dtype != fc1_weight.dtype:
+            grad_fc1_weight = grad_fc1_weight.to(fc1_weight.dtype)
+            grad_fc2_weight = grad_fc2_weight.to(fc2_weight.dtype)
+        return (grad_x.add_(grad), grad_norm_weight, grad_norm_bias, None, grad_fc1_weight,
+                grad_fc1_bias, grad_fc2_weight, grad_fc2_bias, None, None)
+
+
+def _add_residual(x: Tensor, out: Tensor) -> Tensor:
+    """``x + out`` into out, which nothing else holds, where their dtypes agree."""
+    return out.add_(x) if out.dtype == x.dtype else x + out
+
+
+def attention_half(x: Tensor, plan, heads: int, scale: float, bias: Tensor,
+                   norm1: Tuple[Tensor, Tensor, float], qkv: Tuple[Tensor, Optional[Tensor]],
+                   proj: Tuple[Tensor, Tensor], drop_prob: float = 0.,
+                   kernels: Optional['BlockKernels'] = None) -> Tensor:
+    """``x + drop_path(proj(attention(windows(norm1(x)))))``: [B, H*W, C] -> [B, H*W, C].
+
+    Args:
+        plan: the block's window plan (``ops/plan.py``: gather, scatter, shift mask).
+        heads, scale: attention heads and logit scale.
+        bias: [heads, N, N] relative position bias (float32).
+        norm1: (weight, bias, eps) of the LayerNorm; qkv, proj: (weight, bias) of the linears.
+        drop_prob: the probability that drop path drops an image's branch (mmcv's DropPath in
+            training: :func:`drop_path_keep`; 0 in eval mode).
+        kernels: :data:`GENERIC` (default) or :data:`CPU`.
+    """
+    kernels = kernels or GENERIC
+    index, zeros = plan.window_index()
+    if torch.is_grad_enabled():
+        qkv_out = apply_function(_NormWindowsQKV, x, *norm1, index, zeros, plan.scatter, *qkv,
+                                 kernels)
+    else:  # each intermediate let go as soon as the next is made
+        qkv_out = kernels.linear(_gather(_layer_norm(x, x.shape[-1:], norm1[0], norm1[1],
+                                                     norm1[2])[0], index, zeros), *qkv)
+    out = kernels.attention(qkv_out, heads, bias, plan, scale)
+    keep = drop_path_keep(x.shape[0], drop_prob, out.dtype, x.device) if drop_prob else None
+    return kernels.project(out, proj, x, keep, plan, index, zeros)
+
+
+def ffn_half(x: Tensor, norm2: Tuple[Tensor, Tensor, float], fc1: Tuple[Tensor, Tensor],
+             fc2: Tuple[Tensor, Tensor], drop_prob: float = 0.,
+             kernels: Optional['BlockKernels'] = None) -> Tensor:
+    """``x + drop_path(fc2(gelu(fc1(norm2(x)))))``: [B, H*W, C] -> [B, H*W, C]; the arguments
+    as :func:`attention_half`'s."""
+    kernels = kernels or GENERIC
+    keep = drop_path_keep(x.shape[0], drop_prob, compute_dtype(x), x.device) \
+        if drop_prob else None
+    if torch.is_grad_enabled():
+        return apply_function(_NormMLP, x, *norm2, *fc1, *fc2, keep, kernels)
+    # Inference: each intermediate let go as soon as the next is made, GELU in place (or in
+    # the product's epilogue) and the residual added by the product where the kernels can.
+    hidden = kernels.linear_gelu(_layer_norm(x, x.shape[-1:], *norm2)[0], *fc1)
+    if keep is None:
+        return kernels.linear_residual(hidden, *fc2, x)
+    return torch.addcmul(x, kernels.linear(hidden, *fc2), keep)
+
+
+class BlockKernels(NamedTuple):
+    """The primitives :func:`attention_half` and :func:`ffn_half` run: one row of choices.
+
+    linear(x, weight, bias): the product in the products' dtype (autocast's inside an autocast
+        region); weights in their own dtype. linear_residual(x, weight, bias, residual): the
+        product plus a residual. linear_gelu(x, weight, bias): the product then exact GELU,
+        without autograd. grad_input(grad, weight): grad @ weight, both in grad's dtype.
+        bias_grad(grad, dtype): grad summed over its rows, in dtype.
+        attention(qkv, heads, bias, plan, scale): [B, nW * N, 3C] -> [B * nW, N, C].
+        project(out, proj, x, keep, plan, index, zeros): ``x + keep * proj(out)`` in map order.
+    """
+    name: str
+    linear: Callable
+    linear_residual: Callable
+    linear_gelu: Callable
+    grad_input: Callable
+    bias_grad: Callable
+    attention: Callable
+    project: Callable
+
+
+def _sdpa_attention(qkv: Tensor, heads: int, bias: Tensor, plan, scale: float) -> Tensor:
+    """One SDPA call for all windows of all images: q, k, v views of the projection, the bias
+    broadcast; shifted blocks add the shift mask to the bias once per window and expand it
+    over the images (:func:`window_mask_bias`, made once per plan and bias)."""
+    b, length, c3 = qkv.shape
+    nw, c = plan.num_windows, c3 // 3
+    b_nw, n = b * nw, length // nw
+    q, k, v = qkv.view(b_nw, n, 3, heads, c // heads).permute(2, 0, 3, 1, 4).unbind(0)
+    if plan.mask is None:
+        attn_mask = bias.unsqueeze(0).to(q.dtype)
+    else:
+        attn_mask = window_mask_bias(plan, bias, nw, qkv.dtype).expand(
+            b_nw // nw, nw, heads, n, n).reshape(b_nw, heads, n, n)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+    return out.transpose(1, 2).reshape(b_nw, n, c)
+
+
+def _project_in_window_order(out: Tensor, proj, x: Tensor, keep: Optional[Tensor], plan,
+                             index, zeros) -> Tensor:
+    """The projection in window order (it keeps SDPA's output, which SDPA keeps anyway), then
+    back to map order and onto the residual."""
+    b, _, c = x.shape
+    out = _gather(F.linear(out, *proj).view(b, -1, c), plan.scatter, False)
+    if keep is not None:
+        return torch.addcmul(x, out, keep)
+    return x + out if torch.is_grad_enabled() else _add_residual(x, out)
+
+
+GENERIC = BlockKernels(
+    'generic', F.linear,
+    linear_residual=lambda x, weight, bias, residual: _add_residual(
+        residual, F.linear(x, weight, bias)),
+    linear_gelu=lambda x, weight, bias: _gelu_(F.linear(x, weight, bias)),
+    grad_input=lambda grad, weight: grad.mm(weight),
+    bias_grad=lambda grad, dtype: grad.sum(0, dtype=dtype),
+    attention=_sdpa_attention, project=_project_in_window_order)
+
+
+def _cast(x: Tensor, weight: Tensor, bias: Optional[Tensor]):
+    """The weights in the products' dtype, cast afresh (inside a Function autocast's cache
+    does not reach, and a kept cast would hold a copy of every weight from step to step)."""
+    dtype = compute_dtype(x)
+    if weight.dtype == dtype:
+        return weight, bias
+    return weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
+def _project_in_map_order(out: Tensor, proj, x: Tensor, keep: Optional[Tensor], plan, index,
+                          zeros) -> Tensor:
+    """Back to map order first (the window attention op keeps its input, not its output), so
+    the projection keeps the reordered output and adds the residual itself
+    (``ops.recompute.linear_keeping_input``: its weight cast made again in backward)."""
+    b, _, c = x.shape
+    out = gather_tokens(out.view(b, -1, c), plan.scatter, index, False, zeros)
+    if keep is None:
+        return linear_keeping_input(out, *proj, x)
+    return torch.addcmul(x, linear_keeping_input(out, *proj), keep)
+
+
+CPU = BlockKernels(
+    'cpu', lambda x, weight, bias: linear(x, *_cast(x, weight, bias)),
+    linear_residual=lambda x, weight, bias, residual: linear_residual(
+        x, *_cast(x, weight, bias), residual),
+    linear_gelu=lambda x, weight, bias: linear(x, weight, bias, gelu=True),
+    grad_input=lambda grad, weight: linear(grad, weight.t()),
+    # In the product's dtype, then cast: ATen's bf16 sum accumulates in float32 and rounds
+    # once, where sum(dtype=float32) first casts the whole gradient (12x slower on [32768,
+    # 384], Xeon with AMX).
+    bias_grad=lambda grad, dtype: grad.sum(0).to(dtype),
+    attention=lambda qkv, heads, bias, plan, scale: window_attention_qkv(
+        qkv.view(-1, qkv.shape[1] // plan.num_windows, qkv.shape[2]), heads, bias, plan.mask,
+        scale, windows_per_image=plan.num_windows),
+    project=_project_in_map_order)
+
+KERNELS = {'generic': GENERIC, 'cpu': CPU}
+
+
+def window_mask_bias(plan, bias: Tensor, nw: int, dtype: torch.dtype) -> Tensor:
+    """[1 or B, nW, heads, N, N]: the bias plus the shift mask of each window, in ``dtype``
+    (the mask of every window made once per plan: ``attention.every_window``)."""
+    mask = every_window(plan.mask, nw, bias, tracing=False)
+    out = mask.unsqueeze(2) + bias
+    return out if out.dtype == dtype else out.to(dtype)
+
+
+def _neighbourhoods(x: Tensor, h: int, w: int) -> Tensor:
+    """[B, H*W, C] -> [B, ceil(H/2) * ceil(W/2), 4C]: each 2x2 neighbourhood concatenated in
+    ``nn.Unfold``'s channel order (c, ky, kx), zero-padded at the bottom/right."""
+    b, _, c = x.shape
+    x = x.view(b, h, w, c)
+    if h % 2 or w % 2:
+        x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
+    hh, ww = (h + 1) // 2, (w + 1) // 2
+    return x.view(b, hh, 2, ww, 2, c).permute(0, 1, 3, 5, 2, 4).reshape(b, hh * ww, 4 * c)
+
+
+class _MergeNormReduce(torch.autograd.Function):
+    """``linear(layer_norm(neighbourhoods(x)), weight)``, the patch merging of a stage: keeps
+    x (the stage output, which the output norm keeps anyway) and the norm's statistics, and
+    recomputes the neighbourhoods and the norm in backward."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, h: int, w: int, norm_weight: Tensor, norm_bias: Tensor,
+                eps: float, weight: Tensor, kernels: BlockKernels) -> Tensor:
+        t = _neighbourhoods(x, h, w)
+        y, mean, rstd = _layer_norm(t, t.shape[-1:], norm_weight, norm_bias, eps)
+        ctx.save_for_backward(x, mean, rstd, norm_weight, norm_bias, weight)
+        ctx.hw, ctx.eps, ctx.kernels = (h, w), eps, kernels
+        return kernels.linear(y, weight, None)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, mean, rstd, norm_weight, norm_bias, weight = ctx.saved_tensors
+        (h, w), dtype = ctx.hw, grad.dtype
+        t = _neighbourhoods(x, h, w)
+        b, length, c4 = t.shape
+        y = _layer_norm(t, t.shape[-1:], norm_weight, norm_bias, ctx.eps)[0]
+        if y.dtype != dtype:
+            y = y.to(dtype)
+        grad = grad.reshape(-1, grad.shape[-1])
+        grad_weight = grad.t().mm(y.view(-1, c4))
+        grad_y = ctx.kernels.grad_input(
+            grad, weight if weight.dtype == dtype else weight.to(dtype)).view(t.shape)
+        if grad_y.dtype != t.dtype:
+            grad_y = grad_y.to(t.dtype)
+        needs = ctx.needs_input_grad
+        grad_t, grad_norm_weight, grad_norm_bias = _layer_norm_backward(
+            grad_y, t, t.shape[-1:], mean, rstd, norm_weight, norm_bias,
+            [needs[0], needs[3], needs[4]])
+        grad_x = None
+        if grad_t is not None:  # the neighbourhoods' gradient back in map order, cropped
+            c, hh, ww = c4 // 4, (h + 1) // 2, (w + 1) // 2
+            grad_x = grad_t.view(b, hh, ww, c, 2, 2).permute(0, 1, 4, 2, 5, 3).reshape(
+                b, 2 * hh, 2 * ww, c)
+            if h % 2 or w % 2:
+                grad_x = grad_x[:, :h, :w]
+            grad_x = grad_x.reshape(b, h * w, c)
+        if grad_weight.dtype != weight.dtype:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_x, None, None, grad_norm_weight, grad_norm_bias, None, grad_weight, None
+
+
+def patch_merge(x: Tensor, hw: Tuple[int, int], norm: Tuple[Tensor, Tensor, float],
+                weight: Tensor, kernels: BlockKernels = GENERIC) -> Tensor:
+    """A stride-2 patch merging: [B, H*W, C] -> [B, H'*W', C_out], each 2x2 neighbourhood
+    concatenated, normalised (LayerNorm ``norm``: weight, bias, eps) and reduced by ``weight``
+    [C_out, 4C] (no bias), with the block's kernels."""
+    if torch.is_grad_enabled():
+        return apply_function(_MergeNormReduce, x, hw[0], hw[1], *norm, weight, kernels)
+    t = _neighbourhoods(x, hw[0], hw[1])
+    return kernels.linear(_layer_norm(t, t.shape[-1:], *norm)[0], weight, None)
