@@ -75,27 +75,28 @@ def drop_path_keep(batch: int, drop_prob: float, dtype: torch.dtype, device) -> 
 
 
 class _NormWindowsQKV(torch.autograd.Function):
-    """``linear(gather(layer_norm(x)), weight, bias)``: keeps x and the norm's statistics, and
-    recomputes the norm and the gather in backward."""
+    """``linear(gather(layer_norm(x)), weight, bias)``: keeps x, and recomputes the norm (its
+    statistics too) and the gather in backward."""
 
     @staticmethod
     def forward(ctx, x: Tensor, norm_weight: Tensor, norm_bias: Tensor, eps: float,
                 index: Tensor, zeros, scatter: Tensor, weight: Tensor,
                 bias: Optional[Tensor], kernels: 'BlockKernels') -> Tensor:
         shape = x.shape[-1:]
-        y, mean, rstd = _layer_norm(x, shape, norm_weight, norm_bias, eps)
-        qkv = kernels.linear(_gather(y, index, zeros), weight, bias)
-        ctx.save_for_backward(x, mean, rstd, norm_weight, norm_bias, weight, index, scatter)
+        qkv = kernels.linear(_gather(_layer_norm(x, shape, norm_weight, norm_bias, eps)[0], index,
+                                     zeros), weight, bias)
+        ctx.save_for_backward(x, norm_weight, norm_bias, weight, index, scatter)
         ctx.eps, ctx.zeros, ctx.has_bias, ctx.kernels = eps, zeros, bias is not None, kernels
         return qkv
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        x, mean, rstd, norm_weight, norm_bias, weight, index, scatter = ctx.saved_tensors
+        x, norm_weight, norm_bias, weight, index, scatter = ctx.saved_tensors
         dtype, shape, kernels = grad.dtype, x.shape[-1:], ctx.kernels
         c = shape[0]
-        windows = _gather(_layer_norm(x, shape, norm_weight, norm_bias, ctx.eps)[0], index,
-                          ctx.zeros)
+        y, mean, rstd = _layer_norm(x, shape, norm_weight, norm_bias, ctx.eps)
+        windows = _gather(y, index, ctx.zeros)
+        del y
         if windows.dtype != dtype:
             windows = windows.to(dtype)
         grad = grad.reshape(-1, grad.shape[-1])
@@ -116,18 +117,17 @@ class _NormWindowsQKV(torch.autograd.Function):
 
 
 class _NormMLP(torch.autograd.Function):
-    """``x + keep * fc2(gelu(fc1(layer_norm(x))))``: keeps x, the norm's statistics and fc1's
-    output; recomputes the norm and GELU in backward, GELU's gradient written in place."""
+    """``x + keep * fc2(gelu(fc1(layer_norm(x))))``: keeps x and fc1's output; recomputes the
+    norm (its statistics too) and GELU in backward, GELU's gradient written in place."""
 
     @staticmethod
     def forward(ctx, x: Tensor, norm_weight: Tensor, norm_bias: Tensor, eps: float,
                 fc1_weight: Tensor, fc1_bias: Tensor, fc2_weight: Tensor, fc2_bias: Tensor,
                 keep: Optional[Tensor], kernels: 'BlockKernels') -> Tensor:
         shape = x.shape[-1:]
-        y, mean, rstd = _layer_norm(x, shape, norm_weight, norm_bias, eps)
-        hidden = kernels.linear(y, fc1_weight, fc1_bias)
-        ctx.save_for_backward(x, mean, rstd, norm_weight, norm_bias, fc1_weight, fc2_weight,
-                              hidden, keep)
+        hidden = kernels.linear(_layer_norm(x, shape, norm_weight, norm_bias, eps)[0],
+                                fc1_weight, fc1_bias)
+        ctx.save_for_backward(x, norm_weight, norm_bias, fc1_weight, fc2_weight, hidden, keep)
         ctx.eps, ctx.kernels = eps, kernels
         if keep is None:
             return kernels.linear_residual(F.gelu(hidden), fc2_weight, fc2_bias, x)
@@ -135,8 +135,7 @@ class _NormMLP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        (x, mean, rstd, norm_weight, norm_bias, fc1_weight, fc2_weight, hidden,
-         keep) = ctx.saved_tensors
+        x, norm_weight, norm_bias, fc1_weight, fc2_weight, hidden, keep = ctx.saved_tensors
         dtype, shape, kernels = hidden.dtype, x.shape[-1:], ctx.kernels
         g = grad if keep is None else grad * keep
         if g.dtype != dtype:
@@ -147,7 +146,7 @@ class _NormMLP(torch.autograd.Function):
         grad_fc2_bias = kernels.bias_grad(g, fc2_weight.dtype)
         grad_hidden = gelu_backward_(kernels.grad_input(
             g, fc2_weight if fc2_weight.dtype == dtype else fc2_weight.to(dtype)), hidden)
-        y = _layer_norm(x, shape, norm_weight, norm_bias, ctx.eps)[0]
+        y, mean, rstd = _layer_norm(x, shape, norm_weight, norm_bias, ctx.eps)
         if y.dtype != dtype:
             y = y.to(dtype)
         grad_fc1_weight = grad_hidden.t().mm(y.view(-1, shape[0]))
@@ -336,25 +335,25 @@ def _neighbourhoods(x: Tensor, h: int, w: int) -> Tensor:
 
 class _MergeNormReduce(torch.autograd.Function):
     """``linear(layer_norm(neighbourhoods(x)), weight)``, the patch merging of a stage: keeps
-    x (the stage output, which the output norm keeps anyway) and the norm's statistics, and
-    recomputes the neighbourhoods and the norm in backward."""
+    x (the stage output, which the output norm keeps anyway), and recomputes the
+    neighbourhoods and the norm (its statistics too) in backward."""
 
     @staticmethod
     def forward(ctx, x: Tensor, h: int, w: int, norm_weight: Tensor, norm_bias: Tensor,
                 eps: float, weight: Tensor, kernels: BlockKernels) -> Tensor:
         t = _neighbourhoods(x, h, w)
-        y, mean, rstd = _layer_norm(t, t.shape[-1:], norm_weight, norm_bias, eps)
-        ctx.save_for_backward(x, mean, rstd, norm_weight, norm_bias, weight)
+        y = _layer_norm(t, t.shape[-1:], norm_weight, norm_bias, eps)[0]
+        ctx.save_for_backward(x, norm_weight, norm_bias, weight)
         ctx.hw, ctx.eps, ctx.kernels = (h, w), eps, kernels
         return kernels.linear(y, weight, None)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        x, mean, rstd, norm_weight, norm_bias, weight = ctx.saved_tensors
+        x, norm_weight, norm_bias, weight = ctx.saved_tensors
         (h, w), dtype = ctx.hw, grad.dtype
         t = _neighbourhoods(x, h, w)
         b, length, c4 = t.shape
-        y = _layer_norm(t, t.shape[-1:], norm_weight, norm_bias, ctx.eps)[0]
+        y, mean, rstd = _layer_norm(t, t.shape[-1:], norm_weight, norm_bias, ctx.eps)
         if y.dtype != dtype:
             y = y.to(dtype)
         grad = grad.reshape(-1, grad.shape[-1])
