@@ -25,8 +25,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from .format import HOST_COLUMNS, case_label, host_rows, is_timed, other_steps, work_rows
 
 __all__ = ['cpu_slug', 'cpu_class', 'class_label', 'class_slug', 'load_runs', 'latest_records',
-           'performance_markdown', 'work_table', 'write_chart', 'headline_markdown',
-           'load_gpu_runs', 'write_report']
+           'ladder_table', 'performance_markdown', 'work_table', 'write_chart',
+           'headline_markdown', 'load_gpu_runs', 'write_report']
 
 HEADLINE = ('<!-- headline:start -->', '<!-- headline:end -->')
 KINDS = OrderedDict([('backbone', 'Backbone: mmdet 3.3 SwinTransformer vs ours'),
@@ -163,6 +163,39 @@ def _malloc(run: dict) -> str:
     return run.get('malloc') or 'default'
 
 
+LADDER_TITLE = 'Memory ladder: big backbones at detection sizes (train step)'
+LADDER_ARCHS = ('base', 'large')
+# mmdet's projects/example_largemodel (DINO Swin-L, A100, the whole detector): GPU memory and
+# step time of each row, beside which ours is measured (GPU rows filled in when one is lent).
+LARGEMODEL = {('fp32', False): '49 GB, 0.9 s', ('bf16', False): '39 GB, 1.2 s',
+              ('fp32', True): '33 GB, 1.1 s', ('bf16', True): '25 GB, 1.3 s'}
+
+
+def ladder_table(records: List[dict]) -> List[str]:
+    """One row per Swin-B/L train record (baseline, bf16 AMP, with_cp, both): each side's peak
+    RSS of a step in a fresh process and the step time, ours / mmdet's; the targets of issue
+    54 beside (peak <= 0.65x without checkpointing, <= 0.8x with it, time <= 1x)."""
+    rows = [r for r in records if r.get('kind', 'backbone') == 'backbone'
+            and r.get('arch') in LADDER_ARCHS and r.get('mode') == 'train']
+    if not rows:
+        return []
+    rows.sort(key=lambda r: (LADDER_ARCHS.index(r['arch']), r['shape'], bool(r.get('with_cp')),
+                             r['dtype'] != 'fp32'))
+    lines = ['| case | mmdet peak MB | ours peak MB | peak ours/mmdet (target) | mmdet s | '
+             'ours s | time ours/mmdet | mmdet example_largemodel, DINO Swin-L on A100 |',
+             '|---|---|---|---|---|---|---|---|']
+    for r in rows:
+        cp = bool(r.get('with_cp'))
+        peak = r.get('mem_ratio')
+        time = r['ours_ms'] / r['mmdet_ms']
+        lines.append(
+            f"| {case_label(r)} | {_num(r.get('mmdet_peak_mb'), '.0f')} | "
+            f"{_num(r.get('ours_peak_mb'), '.0f')} | {_num(peak, '.2f')} "
+            f"(<= {0.8 if cp else 0.65}) | {r['mmdet_ms'] / 1e3:.1f} | {r['ours_ms'] / 1e3:.1f} | "
+            f"{time:.2f} | {LARGEMODEL.get((r['dtype'], cp), '-')} |")
+    return lines
+
+
 def performance_markdown(by_class: Dict[CpuClass, List[dict]], chart_dir: str = 'images') -> str:
     """The whole docs/performance.md."""
     out = ['# Performance', '',
@@ -207,6 +240,16 @@ def performance_markdown(by_class: Dict[CpuClass, List[dict]], chart_dir: str = 
             rows = [r for r in timed if r.get('kind', 'backbone') == kind]
             if rows:
                 out += ['', f'### {title}', ''] + _table(rows)
+        ladder = ladder_table(timed)
+        if ladder:
+            out += ['', f'### {LADDER_TITLE}', '',
+                    'Swin-B and Swin-L as mmdet\'s configs build them (window 7), ours against '
+                    'mmdet 3.3\'s with the same weights, one train step at batch 1: the peak '
+                    'RSS the step adds, each side in a fresh process, and the median step time '
+                    'of the same run; with_cp rows checkpoint both sides\' blocks, bf16 rows '
+                    'run both under autocast. The last column is mmdet\'s own ladder for the '
+                    'whole detector on a GPU (projects/example_largemodel), for the shape of '
+                    'the curve.', ''] + ladder
         work = [r for r in records if r.get('kind') == 'work']
         if work:
             out += ['', f'### {WORK_TITLE}', '',

@@ -16,7 +16,7 @@ from mmcv.cnn.bricks.transformer import build_dropout
 from torch import Tensor
 
 from ..compat import has_forward_hooks, is_compiling, plan_outside_graph
-from ..ops import (NormPrefix, WindowPlan, cached_window_plan, gather_relative_position_bias,
+from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias,
                    gather_tokens, gelu_grad_in_place, linear, linear_keeping_input,
                    linear_residual, linear_with_recomputed_input, relative_position_index,
                    table_rows, to_window_tuple, traceable_window_plan, window_attention_qkv)
@@ -28,8 +28,8 @@ HW = Tuple[int, int]
 
 
 def is_layer_norm(module: Optional[nn.Module]) -> bool:
-    """An ``nn.LayerNorm`` over the last dimension (mmcv's 'LN'), whose recomputed backward
-    ``NormPrefix`` writes out."""
+    """An ``nn.LayerNorm`` over the last dimension (mmcv's 'LN'), which ``ops.block`` writes
+    out."""
     return type(module) is nn.LayerNorm and len(module.normalized_shape) == 1
 
 
@@ -39,11 +39,6 @@ def affine_tensors(module: Optional[nn.Module]) -> list:
     unsharded views), whose gradients would then be lost."""
     return [t for t in (getattr(module, 'weight', None), getattr(module, 'bias', None))
             if t is not None]
-
-
-def norm_prefix(norm: nn.LayerNorm, then=None, then_grad=None) -> NormPrefix:
-    """``then(norm(x))`` as a prefix whose backward needs no nested autograd pass."""
-    return NormPrefix(norm.weight, norm.bias, norm.eps, norm.normalized_shape, then, then_grad)
 
 
 def _corner_pad(x: Tensor, kernel: HW, stride: HW) -> Tensor:
@@ -274,17 +269,13 @@ class ShiftWindowMSA(nn.Module):
                                   torch.float32)
 
     def forward(self, query: Tensor, hw_shape: HW, plan: Optional[WindowPlan] = None,
-                norm: Optional[nn.Module] = None, post_norm: Optional[nn.Module] = None,
-                residual: Optional[Tensor] = None) -> Tensor:
-        """query: [B, H*W, C] -> [B, H*W, C].
+                post_norm: Optional[nn.Module] = None) -> Tensor:
+        """query: [B, H*W, C] -> the attention branch [B, H*W, C] (drop path applied), as
+        mmdet's ``ShiftWindowMSA``: the block's plain form adds it to the residual.
 
         Args:
             plan: from :meth:`plan` (built here if None).
-            norm: applied to query first (the block's norm1); passing it here lets the norm
-                output be recomputed in backward instead of kept.
             post_norm: applied to the attention output before drop path (res-post-norm).
-            residual: [B, H*W, C] added to the output. Without post_norm, dropout and drop
-                path the output projection adds it itself (``ops.linear_residual``).
         """
         b, length, c = query.shape
         h, w = hw_shape
@@ -297,32 +288,18 @@ class ShiftWindowMSA(nn.Module):
 
         def partition(t: Tensor) -> Tensor:
             # Pad, roll and partition in one gather; padding is zero tokens, as the reference
-            # pads after the norm.
+            # pads after the norm. Recomputed in backward: qkv keeps the query, not its windows.
             return gather_tokens(t, index, plan.scatter, zeros, False).view(-1, n, c)
 
-        def to_windows(t: Tensor) -> Tensor:
-            return partition(norm(t) if norm is not None else t)
-
-        def from_windows(grad: Tensor) -> Tensor:  # the gradient of partition: a gather back
-            return gather_tokens(grad.reshape(b, -1, c), plan.scatter, index, False, zeros)
-
-        # Compilers and tracers see the plain prefix (they differentiate it themselves).
-        prefix = norm_prefix(norm, partition, from_windows) \
-            if is_layer_norm(norm) and not is_tracing(query) else to_windows
-        qkv = linear_with_recomputed_input(
-            query, prefix, affine_tensors(norm),
-            self.w_msa.qkv.weight, self.w_msa.qkv_projection_bias())
+        qkv = linear_with_recomputed_input(query, partition, [], self.w_msa.qkv.weight,
+                                           self.w_msa.qkv_projection_bias())
         windows = self.w_msa.attention(qkv, plan.mask, plan.num_windows)
         # Tokens back in map order before the projection (a per-token map, so the order is
-        # free): padding is dropped first, and the projection can add the residual itself.
+        # free): padding is dropped first.
         x = gather_tokens(windows.view(b, -1, c), plan.scatter, index, False, zeros)
         proj = self.w_msa.proj
-        if residual is not None and post_norm is None and not _drops(self.w_msa.proj_drop,
-                                                                     self.drop):
-            return linear_keeping_input(x, proj.weight, proj.bias, residual)
         x = self.w_msa.proj_drop(linear_keeping_input(x, proj.weight, proj.bias))
-        x = self.drop(x if post_norm is None else post_norm(x))
-        return x if residual is None else residual + x
+        return self.drop(x if post_norm is None else post_norm(x))
 
 
 def _drops(*layers: nn.Module) -> bool:
@@ -352,29 +329,26 @@ class FFN(nn.Module):
         self.embed_dims, self.feedforward_channels = embed_dims, feedforward_channels
         self.num_fcs, self.act_cfg, self.add_identity = 2, act_cfg, True
 
-    def forward(self, x: Tensor, identity: Tensor, norm: Optional[nn.Module] = None,
+    def forward(self, x: Tensor, identity: Tensor,
                 post_norm: Optional[nn.Module] = None) -> Tensor:
-        """x: [B, L, C] (norm input when norm is given); identity: the residual.
+        """x: [B, L, C] (the norm's output, or the block's for SwinV2); identity: the residual.
 
         post_norm: applied to the FFN output before drop path (res-post-norm).
         """
         # indexed, not unpacked: dynamo on torch 2.1 breaks its graph on unpacking a module
         first, fc2, drop2 = self.layers[0], self.layers[1], self.layers[2]
         fc1, act, drop1 = first[0], first[1], first[2]
-        norm = norm if norm is not None else _IDENTITY
         post_norm = post_norm if post_norm is not None else _IDENTITY
         # Without a post-norm and with nothing dropped, fc2 adds the residual itself.
         fused = type(post_norm) is nn.Identity and not _drops(self.dropout_layer)
         dropping = _drops(drop1, drop2)
         if not torch.is_grad_enabled() and _is_exact_gelu(act) and not dropping:
-            hidden = linear(norm(x), fc1.weight, fc1.bias, gelu=True)  # inference: GELU fused
+            hidden = linear(x, fc1.weight, fc1.bias, gelu=True)  # inference: GELU fused
             if fused:
                 return linear_residual(hidden, fc2.weight, fc2.bias, identity)
             out = linear(hidden, fc2.weight, fc2.bias)
             return identity + self.dropout_layer(post_norm(out))
-        hidden = linear_with_recomputed_input(
-            x, norm_prefix(norm) if is_layer_norm(norm) and not is_tracing(x) else norm,
-            affine_tensors(norm), fc1.weight, fc1.bias)
+        hidden = linear(x, fc1.weight, fc1.bias)
         if not dropping:
             # Exact GELU's gradient is written over fc2's input gradient (no autograd graph).
             out = linear_with_recomputed_input(
@@ -386,8 +360,8 @@ class FFN(nn.Module):
         return identity + self.dropout_layer(post_norm(out))
 
 
-# The FFN's absent norms: one shared module (dynamo on torch 2.1 breaks its graph on a module
-# built in forward).
+# The FFN's absent post-norm: one shared module (dynamo on torch 2.1 breaks its graph on a
+# module built in forward).
 _IDENTITY = nn.Identity()
 
 
@@ -449,31 +423,25 @@ class SwinBlock(nn.Module):
         if kernels and not hooked and not is_compiling():
             parts = self.block_parts(norm1, attn, norm2, ffn)
         if parts is not None:
-            attention_half, ffn_half = self.halves(x, plan, parts, KERNELS[kernels])
+            first_half, second_half = self.halves(x, plan, parts, KERNELS[kernels])
         elif self.post_norm:
-            def attention_half(x: Tensor) -> Tensor:
+            def first_half(x: Tensor) -> Tensor:
                 return x + attn(x, hw_shape, plan, post_norm=norm1)
 
-            def ffn_half(x: Tensor) -> Tensor:
+            def second_half(x: Tensor) -> Tensor:
                 return ffn(x, identity=x, post_norm=norm2)
-        elif hooked:  # mmdet's module order: what each hook sees is what it sees there
-            def attention_half(x: Tensor) -> Tensor:
+        else:  # mmdet's module order: what a hook on a part sees is what it sees there
+            def first_half(x: Tensor) -> Tensor:
                 return x + attn(norm1(x), hw_shape, plan)
 
-            def ffn_half(x: Tensor) -> Tensor:
+            def second_half(x: Tensor) -> Tensor:
                 return ffn(norm2(x), identity=x)
-        else:
-            def attention_half(x: Tensor) -> Tensor:
-                return attn(x, hw_shape, plan, norm=norm1, residual=x)
-
-            def ffn_half(x: Tensor) -> Tensor:
-                return ffn(x, identity=x, norm=norm2)
 
         if self.with_cp and torch.is_grad_enabled() and (
                 x.requires_grad or any(p.requires_grad for p in self.parameters())):
-            x = cp.checkpoint(attention_half, x, use_reentrant=False)
-            return cp.checkpoint(ffn_half, x, use_reentrant=False)
-        return ffn_half(attention_half(x))
+            x = cp.checkpoint(first_half, x, use_reentrant=False)
+            return cp.checkpoint(second_half, x, use_reentrant=False)
+        return second_half(first_half(x))
 
     def block_parts(self, norm1: nn.Module, attn: nn.Module, norm2: nn.Module,
                     ffn: nn.Module) -> Optional[tuple]:

@@ -7,8 +7,7 @@ from .masks import (MASK_VALUE, padding_key_mask,
                     shift_attention_mask, shift_region_labels, window_attention_mask)
 from .plan import WindowPlan, cached_window_plan, traceable_window_plan, window_plan
 from .linear import fuses_residual, linear, linear_residual, onednn_available
-from .recompute import (NormPrefix, gelu_grad_in_place, linear_keeping_input,
-                        linear_with_recomputed_input)
+from .recompute import gelu_grad_in_place, linear_keeping_input, linear_with_recomputed_input
 from .relative_position import (gather_relative_position_bias, relative_position_index,
                                 resize_relative_position_bias_table,
                                 table_rows, to_window_tuple)
@@ -19,7 +18,7 @@ __all__ = [
     'gather_relative_position_bias', 'log_spaced_relative_coords', 'resolve_pretrained_window',
     'scaled_cosine_query_key',
     'fuses_residual', 'gather_tokens', 'gelu_grad_in_place', 'linear', 'linear_residual',
-    'linear_keeping_input', 'linear_with_recomputed_input', 'NormPrefix', 'onednn_available',
+    'linear_keeping_input', 'linear_with_recomputed_input', 'onednn_available',
     'window_plan',
     'pad_to_window', 'padded_size', 'padding_key_mask', 'relative_position_index',
     'resize_absolute_pos_embed', 'resize_relative_position_bias_table',

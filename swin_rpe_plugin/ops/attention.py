@@ -3,7 +3,7 @@
 The generic path (every device but the CPU fast path's, ``dispatch.py``) is one SDPA call per
 layer for all windows of all images, bias (+ mask) broadcast, autograd through SDPA's own fused
 backward: no loop, no registered op, the same ops in eager mode and under tracers and compilers
-(:func:`_generic`). On a GPU each kernel launch costs host time whatever its size, so the
+(:func:`generic_window_attention`). On a GPU each kernel launch costs host time whatever its size, so the
 number of calls, not bytes, is what that path minimises (docs/performance.md).
 
 The CPU fast path splits each image's windows into unmasked ones (one SDPA call, the broadcast
@@ -33,7 +33,8 @@ from .dispatch import (autocast_context, choose_kernel, compute_dtype, is_tracin
 from .window_products import (attention_backward_op, attention_qkv_backward_op,
                               explicit_per_image, qkv_views, underflowing_mask)
 
-__all__ = ['window_attention', 'window_attention_qkv', 'split_qkv']
+__all__ = ['window_attention', 'window_attention_qkv', 'generic_window_attention', 'split_qkv',
+           'every_window']
 
 
 class _SplitQKV(torch.autograd.Function):
@@ -104,7 +105,7 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
     if not fused or is_exporting() or (torch.jit.is_tracing() and not TRACED_SDPA_EXPORTS):
         return _explicit(q, k, v, bias, mask, scale, dropout_p, nw)
     if not use_cpu_fast_paths(q):
-        return _generic(q, k, v, bias, mask, scale, dropout_p, nw)
+        return generic_window_attention(q, k, v, bias, mask, scale, dropout_p, nw)
     # The CPU kernels below are called with autocast off (it would cast the float32 mask), so
     # q, k and v are cast to autocast's dtype here.
     dtype = compute_dtype(q)
@@ -119,14 +120,12 @@ def window_attention_qkv(qkv: Tensor, heads: int, bias: Tensor, mask: Optional[T
     """:func:`window_attention` of the q, k, v of one qkv projection output, [B * nW, N, 3C]
     (q, k, v the projection's own columns, as in Swin V1), the other arguments as there.
 
-    On the fused paths without dropout (the CPU path, and the generic path in eager mode) it
-    is one registered op on the packed tensor, whose backward writes the gradient of qkv in
-    qkv's layout: no gradient of q, k and v apart for autograd to copy into it. Anywhere else
-    it is :func:`window_attention` of :func:`split_qkv`'s views.
+    On the CPU path without dropout it is one registered op on the packed tensor, whose
+    backward writes the gradient of qkv in qkv's layout: no gradient of q, k and v apart for
+    autograd to copy into it. Anywhere else it is :func:`window_attention` of
+    :func:`split_qkv`'s views.
     """
     cpu_path = use_cpu_fast_paths(qkv)
-    if fused and not cpu_path and not is_exporting() and not torch.jit.is_tracing():
-        return _generic_qkv(qkv, heads, bias, mask, scale, dropout_p, windows_per_image)
     if (not fused or dropout_p > 0 or not cpu_path or torch.jit.is_tracing()
             or is_exporting() or not qkv.is_contiguous()):
         q, k, v = split_qkv(qkv, heads)
@@ -156,57 +155,33 @@ def _check_shapes(q_shape, bias: Tensor, mask: Optional[Tensor], nw: int) -> Non
                          f'{n} tokens, {nw} per image')
 
 
-def _generic(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor], scale: float,
-             dropout_p: float, nw: int) -> Tensor:
+def generic_window_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
+                             mask: Optional[Tensor], scale: float, dropout_p: float, nw: int,
+                             dtype: Optional[torch.dtype] = None,
+                             tracing: Optional[bool] = None) -> Tensor:
     """The path of every device but the CPU fast paths' (dispatch.py): one SDPA call for all
     windows of all images, autograd through SDPA's own backward (each device's fused kernels).
 
-    No shifted mask: [B * nW, heads, N, d] as they are, the bias [1, heads, N, N] broadcast
-    over every window. With one: windows folded into the heads ([B, nW * heads, N, d]), so
-    bias + mask is [1, nW * heads, N, N] (or [B, ...] for one mask per image) broadcast over
-    the batch: made per window, never per window and image. The float32 sum is cast to the
-    products' dtype at the call (autocast casts q, k, v there). No loop, no branch on sizes:
-    eager, tracers and compilers run the same ops."""
+    q, k, v [B * nW, heads, N, d] as they are (views of the qkv projection, for Swin V1); the
+    bias [1, heads, N, N] broadcast over every window, or with a shift mask, bias + mask made
+    once per window ([1 or B, nW, heads, N, N], the mask of every window made once per plan:
+    :func:`every_window`) and expanded over the images: one copy, which measured leaner than
+    folding the windows into the heads (that copies q, k, v and the output instead; tables
+    frozen, Swin-T 512x512 b2 fp32, allocator peak 0.648x of mmdet's against 0.654x). The
+    float32 sum is cast to the products' dtype at the call (``dtype``, if the caller knows it;
+    ``tracing`` likewise: :func:`every_window`'s). No loop, no branch on sizes: eager, tracers
+    and compilers run the same ops."""
     bw, heads, n, head_dim = q.shape
-    dtype = compute_dtype(q)
+    if dtype is None:
+        dtype = compute_dtype(q)
     if mask is None:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(0).to(dtype),
-                                             dropout_p=dropout_p, scale=scale)
-        return out.transpose(1, 2).reshape(bw, n, heads * head_dim)
-    folded = [t.reshape(-1, nw * heads, n, head_dim) for t in (q, k, v)]
-    return _folded_attention(*folded, bias, mask, scale, dropout_p, nw, dtype)
-
-
-def _generic_qkv(qkv: Tensor, heads: int, bias: Tensor, mask: Optional[Tensor],
-                 scale: Optional[float], dropout_p: float, nw: Optional[int]) -> Tensor:
-    """:func:`_generic` of a packed qkv projection output [B * nW, N, 3C]: q, k and v are
-    views of it without a mask, and with one a single copy folds all three at once."""
-    bw, n, c3 = qkv.shape
-    head_dim = c3 // 3 // heads
-    scale = head_dim ** -0.5 if scale is None else scale
-    if mask is None:
-        q, k, v = qkv_views(qkv, heads)
-        return _generic(q, k, v, bias, None, scale, dropout_p, bw)
-    nw = mask.shape[-3] if nw is None else nw
-    if not is_tracing(qkv):
-        _check_shapes((bw, heads, n, head_dim), bias, mask, nw)
-    # [B, nW, N, 3, heads, d] -> [3, B, nW * heads, N, d]: one copy for q, k and v
-    folded = qkv.view(-1, nw, n, 3, heads, head_dim).permute(3, 0, 1, 4, 2, 5)
-    q, k, v = folded.reshape(3, -1, nw * heads, n, head_dim).unbind(0)
-    out = _folded_attention(q, k, v, bias, mask, scale, dropout_p, nw, compute_dtype(qkv))
-    return out
-
-
-def _folded_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor,
-                      scale: float, dropout_p: float, nw: int, dtype: torch.dtype) -> Tensor:
-    """SDPA of q, k, v [B, nW * heads, N, d] under bias + mask; [B * nW, N, heads * d]."""
-    b, nh, n, head_dim = q.shape
-    heads = nh // nw
-    full = every_window(mask, nw, q)  # [B or 1, nW, N, N]
-    attn_mask = (full.unsqueeze(2) + bias).reshape(full.shape[0], nh, n, n).to(dtype)
+        attn_mask = bias.unsqueeze(0).to(dtype)
+    else:
+        attn_mask = (every_window(mask, nw, q, tracing).unsqueeze(2) + bias).to(dtype)
+        attn_mask = attn_mask.expand(bw // nw, nw, heads, n, n).reshape(bw, heads, n, n)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                          scale=scale)
-    return out.view(-1, heads, n, head_dim).transpose(1, 2).reshape(-1, n, heads * head_dim)
+    return out.transpose(1, 2).reshape(bw, n, heads * head_dim)
 
 
 def every_window(mask: Tensor, nw: int, like: Tensor, tracing: Optional[bool] = None) -> Tensor:

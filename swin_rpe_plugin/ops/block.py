@@ -15,8 +15,9 @@ The kernels (:class:`BlockKernels`) are chosen once per backbone forward by
 
 - :data:`GENERIC` (every device; the CPU under ``SWIN_RPE_BACKEND=generic``): ``F.linear``,
   one ``F.scaled_dot_product_attention`` call per layer for all windows of all images (each
-  device's fused kernels, SDPA's own autograd), the output projection in window order (it
-  keeps SDPA's output, which SDPA keeps anyway), then the gather back and the residual add.
+  device's fused kernels, SDPA's own autograd; ``attention.generic_window_attention``), the output projection
+  in window order (it keeps SDPA's output, which SDPA keeps anyway), then the gather back and
+  the residual add.
 - :data:`CPU`: the products by ``dispatch.KERNEL_RULES`` (oneDNN or MKL, ``ops/linear.py``),
   the residual added by the product itself, and the window attention op of
   ``ops/attention.py`` (unmasked and masked windows apart, the backward recomputed a chunk of
@@ -29,10 +30,6 @@ ops (no nested autograd pass, no Python callback), no cast, reshape or detach th
 nothing, and facts (dtype, drop path) read once per block. Memory stays lean: the Functions
 keep their inputs and recompute the norms, the window gather and GELU in backward (the GEMMs
 are never recomputed); q, k and v are views of the qkv projection in every block.
-On the generic kernels, shifted blocks add the shift mask to the bias once per window ([nW, heads, N, N]) and expand
-it over the images (one copy, which measured leaner than folding the windows into the heads:
-that copies q, k, v and the output instead; tables frozen, Swin-T 512x512 b2 fp32, allocator
-peak 0.648x of mmdet's against 0.654x).
 
 Under autocast the products run in autocast's dtype (F.linear casts in forward, the CPU's
 kernels cast as it would; the backwards, which run outside autocast, cast the weights again
@@ -51,10 +48,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..compat import apply_function, gelu_backward_
-from .attention import every_window, window_attention_qkv
+from .attention import generic_window_attention, window_attention_qkv
 from .dispatch import compute_dtype
 from .linear import linear, linear_residual
 from .recompute import linear_keeping_input
+from .window_products import qkv_views
 from .windows import _gather, gather_tokens
 
 __all__ = ['BlockKernels', 'GENERIC', 'CPU', 'KERNELS', 'attention_half', 'ffn_half',
@@ -117,16 +115,19 @@ class _NormWindowsQKV(torch.autograd.Function):
 
 
 class _NormMLP(torch.autograd.Function):
-    """``x + keep * fc2(gelu(fc1(layer_norm(x))))``: keeps x and fc1's output; recomputes the
-    norm (its statistics too) and GELU in backward, GELU's gradient written in place."""
+    """``x + keep * fc2(gelu(fc1(layer_norm(x))))``, keep drop path's draw in the products'
+    dtype: keeps x and fc1's output; recomputes the norm (its statistics too) and GELU in
+    backward, GELU's gradient written in place."""
 
     @staticmethod
     def forward(ctx, x: Tensor, norm_weight: Tensor, norm_bias: Tensor, eps: float,
                 fc1_weight: Tensor, fc1_bias: Tensor, fc2_weight: Tensor, fc2_bias: Tensor,
-                keep: Optional[Tensor], kernels: 'BlockKernels') -> Tensor:
+                drop_prob: float, kernels: 'BlockKernels') -> Tensor:
         shape = x.shape[-1:]
         hidden = kernels.linear(_layer_norm(x, shape, norm_weight, norm_bias, eps)[0],
                                 fc1_weight, fc1_bias)
+        keep = drop_path_keep(x.shape[0], drop_prob, hidden.dtype, x.device) \
+            if drop_prob else None
         ctx.save_for_backward(x, norm_weight, norm_bias, fc1_weight, fc2_weight, hidden, keep)
         ctx.eps, ctx.kernels = eps, kernels
         if keep is None:
@@ -204,15 +205,14 @@ def ffn_half(x: Tensor, norm2: Tuple[Tensor, Tensor, float], fc1: Tuple[Tensor, 
     """``x + drop_path(fc2(gelu(fc1(norm2(x)))))``: [B, H*W, C] -> [B, H*W, C]; the arguments
     as :func:`attention_half`'s."""
     kernels = kernels or GENERIC
-    keep = drop_path_keep(x.shape[0], drop_prob, compute_dtype(x), x.device) \
-        if drop_prob else None
     if torch.is_grad_enabled():
-        return apply_function(_NormMLP, x, *norm2, *fc1, *fc2, keep, kernels)
+        return apply_function(_NormMLP, x, *norm2, *fc1, *fc2, drop_prob, kernels)
     # Inference: each intermediate let go as soon as the next is made, GELU in place (or in
     # the product's epilogue) and the residual added by the product where the kernels can.
     hidden = kernels.linear_gelu(_layer_norm(x, x.shape[-1:], *norm2)[0], *fc1)
-    if keep is None:
+    if not drop_prob:
         return kernels.linear_residual(hidden, *fc2, x)
+    keep = drop_path_keep(x.shape[0], drop_prob, hidden.dtype, x.device)
     return torch.addcmul(x, kernels.linear(hidden, *fc2), keep)
 
 
@@ -238,20 +238,11 @@ class BlockKernels(NamedTuple):
 
 
 def _sdpa_attention(qkv: Tensor, heads: int, bias: Tensor, plan, scale: float) -> Tensor:
-    """One SDPA call for all windows of all images: q, k, v views of the projection, the bias
-    broadcast; shifted blocks add the shift mask to the bias once per window and expand it
-    over the images (:func:`window_mask_bias`, made once per plan and bias)."""
-    b, length, c3 = qkv.shape
-    nw, c = plan.num_windows, c3 // 3
-    b_nw, n = b * nw, length // nw
-    q, k, v = qkv.view(b_nw, n, 3, heads, c // heads).permute(2, 0, 3, 1, 4).unbind(0)
-    if plan.mask is None:
-        attn_mask = bias.unsqueeze(0).to(q.dtype)
-    else:
-        attn_mask = window_mask_bias(plan, bias, nw, qkv.dtype).expand(
-            b_nw // nw, nw, heads, n, n).reshape(b_nw, heads, n, n)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
-    return out.transpose(1, 2).reshape(b_nw, n, c)
+    """One SDPA call for all windows of all images (``attention.generic_window_attention``):
+    q, k, v views of the projection [B, nW * N, 3C]."""
+    nw = plan.num_windows
+    q, k, v = qkv_views(qkv, heads, qkv.shape[1] // nw)
+    return generic_window_attention(q, k, v, bias, plan.mask, scale, 0.0, nw, qkv.dtype, False)
 
 
 def _project_in_window_order(out: Tensor, proj, x: Tensor, keep: Optional[Tensor], plan,
@@ -312,14 +303,6 @@ CPU = BlockKernels(
     project=_project_in_map_order)
 
 KERNELS = {'generic': GENERIC, 'cpu': CPU}
-
-
-def window_mask_bias(plan, bias: Tensor, nw: int, dtype: torch.dtype) -> Tensor:
-    """[1 or B, nW, heads, N, N]: the bias plus the shift mask of each window, in ``dtype``
-    (the mask of every window made once per plan: ``attention.every_window``)."""
-    mask = every_window(plan.mask, nw, bias, tracing=False)
-    out = mask.unsqueeze(2) + bias
-    return out if out.dtype == dtype else out.to(dtype)
 
 
 def _neighbourhoods(x: Tensor, h: int, w: int) -> Tensor:

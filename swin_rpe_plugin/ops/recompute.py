@@ -1,18 +1,14 @@
 """A linear layer whose input is recomputed in backward instead of kept.
 
-In a Swin block the inputs of the big linear layers are cheap functions of tensors autograd
-keeps anyway: LayerNorm (+ window gather) of the block input for qkv, LayerNorm of the residual
-for fc1, GELU of fc1's output for fc2. Keeping those inputs costs 6 of the ~16 channel-widths
-of activations a block stores; recomputing them costs a few elementwise passes in backward.
-A patch merging's reduction likewise recomputes its 2x2 neighbourhoods and their norm from
-the stage output, the patch embedding its rows of patches from the image, and the attention's
-output projection takes an identity prefix (it keeps its input, as ``F.linear`` would).
-Unlike activation checkpointing, the GEMM itself is never recomputed. Under autocast the
-weight is kept in its own dtype and cast again in backward. GELU's gradient is written over
-fc2's input gradient, without autograd, so no second tensor of that size is made.
-
-Under autocast the product runs in autocast's dtype and the prefix is recomputed in backward
-under the same autocast state as in forward, so both passes see the same numbers.
+For the parts that ``ops/block.py``'s Functions do not write out: the patch embedding
+recomputes its rows of patches from the image, the modules' plain form (SwinV2, dropout,
+hooks) its window gather from the query and fc2's input (GELU of fc1's output), a SwinV2 patch
+merging its 2x2 neighbourhoods from the stage output, and the CPU kernels' output projection
+takes an identity prefix (it keeps its input, as ``F.linear`` would). Unlike activation
+checkpointing, the GEMM itself is never recomputed. Under autocast the weight is kept in its own
+dtype and cast again in backward, and the prefix is recomputed under the same autocast state as
+in forward, so both passes see the same numbers. GELU's gradient is written over fc2's input
+gradient, without autograd, so no second tensor of that size is made.
 
 Imports torch only.
 """
@@ -25,59 +21,7 @@ from ..compat import apply_function, gelu_backward_, gradient_edge, is_compiling
 from .dispatch import autocast_context, autocast_state, compute_dtype, use_cpu_fast_paths
 from .linear import linear, linear_residual
 
-__all__ = ['NormPrefix', 'gelu_grad_in_place', 'linear_keeping_input',
-           'linear_with_recomputed_input']
-
-
-class NormPrefix:
-    """The prefix ``then(layer_norm(x))`` (``then``: a reorder of tokens without parameters,
-    such as the window gather, or None) with its backward written out: recomputed with
-    ``native_layer_norm`` in the dtype the forward's LayerNorm ran in (autocast's choice, read
-    off its output) and differentiated with LayerNorm's backward kernel, ``then`` undone by
-    ``then_grad``. The same kernels as autograd through the prefix, without a nested autograd
-    pass per layer (about 150 us of host time each on a CPU; a GPU's host pays it too).
-
-    Args:
-        weight, bias: the LayerNorm's affine parameters [C] (or None); eps: its epsilon;
-        shape: its normalized_shape (ints: a traced size would reach an exporter).
-        then, then_grad: the reorder and its gradient (of then's output -> of its input).
-    """
-
-    def __init__(self, weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
-                 shape: Sequence[int], then: Optional[Callable] = None,
-                 then_grad: Optional[Callable] = None):
-        self.weight, self.bias, self.eps, self.shape = weight, bias, eps, tuple(shape)
-        self.then, self.then_grad = then, then_grad
-        self.params = [p for p in (weight, bias) if p is not None]
-        self.norm_dtype = None  # the dtype the forward normalised in
-
-    def __call__(self, x: Tensor) -> Tensor:
-        y = torch.nn.functional.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
-        self.norm_dtype = y.dtype
-        return y if self.then is None else self.then(y)
-
-    def recompute(self, x: Tensor):
-        """(prefix(x) as forward computed it, what :meth:`grad` needs)."""
-        xf = x if self.norm_dtype in (None, x.dtype) else x.to(self.norm_dtype)
-        weight = None if self.weight is None else self.weight.detach()
-        bias = None if self.bias is None else self.bias.detach()
-        y, mean, rstd = torch.native_layer_norm(xf, self.shape, weight, bias, self.eps)
-        return (y if self.then is None else self.then(y)), (xf, mean, rstd, weight, bias)
-
-    def grad(self, x: Tensor, state, grad_y: Tensor, needs) -> list:
-        """[grad of x, of weight, of bias] (None where ``needs`` says no) from the gradient of
-        the prefix's output."""
-        xf, mean, rstd, weight, bias = state
-        if self.then_grad is not None:
-            grad_y = self.then_grad(grad_y)
-        param_needs = iter(needs[1:])  # in the order of self.params
-        need_w = weight is not None and next(param_needs)
-        need_b = bias is not None and next(param_needs)
-        grad_x, grad_w, grad_b = torch.ops.aten.native_layer_norm_backward(
-            grad_y.to(xf.dtype), xf, self.shape, mean, rstd, weight, bias,
-            [needs[0], need_w, need_b])
-        grads = [None if grad_x is None else grad_x.to(x.dtype)]
-        return grads + [g for g, p in ((grad_w, weight), (grad_b, bias)) if p is not None]
+__all__ = ['gelu_grad_in_place', 'linear_keeping_input', 'linear_with_recomputed_input']
 
 
 class _LinearRecomputedInput(torch.autograd.Function):
@@ -111,14 +55,9 @@ class _LinearRecomputedInput(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         x, weight, *prefix_params = ctx.saved_tensors
         in_place = ctx.prefix_grad is not None  # the prefix's gradient without autograd
-        explicit = isinstance(ctx.prefix, NormPrefix)  # its backward written out
-        if explicit:
-            with torch.no_grad():
-                y, norm_state = ctx.prefix.recompute(x)
-        else:
-            with torch.set_grad_enabled(not in_place), autocast_context(*ctx.autocast):
-                x_ = x.detach().requires_grad_(ctx.needs_input_grad[0] and not in_place)
-                y = ctx.prefix(x_)
+        with torch.set_grad_enabled(not in_place), autocast_context(*ctx.autocast):
+            x_ = x.detach().requires_grad_(ctx.needs_input_grad[0] and not in_place)
+            y = ctx.prefix(x_)
         grad_residual = grad_out if ctx.needs_input_grad[3] else None
         product_dtype = ctx.product_dtype
         grad_out = grad_out.to(product_dtype)  # the gradient of the product's own output
@@ -137,8 +76,7 @@ class _LinearRecomputedInput(torch.autograd.Function):
             grad_bias = grad_flat.sum(0, dtype=ctx.weight_dtype) if ctx.generic else \
                 grad_flat.sum(0).to(ctx.weight_dtype)
         needs = [ctx.needs_input_grad[0], *ctx.needs_input_grad[7:]]
-        wanted = [] if explicit else [t for t, need in zip([x_, *prefix_params], needs)
-                                      if need and not in_place]
+        wanted = [t for t, need in zip([x_, *prefix_params], needs) if need and not in_place]
         y_dtype = y.dtype
         # Differentiate the prefix through y's gradient edge, and let y go before grad_y is
         # made: LayerNorm's and GELU's backwards keep their inputs, not y, so one tensor of
@@ -150,10 +88,6 @@ class _LinearRecomputedInput(torch.autograd.Function):
         if in_place:  # into grad_y's memory: no second tensor of y's size at the peak
             grad_x = ctx.prefix_grad(x, grad_y) if ctx.needs_input_grad[0] else None
             return (grad_x, grad_weight, grad_bias, grad_residual, None, None, None)
-        if explicit:
-            grad_x, *grad_params = ctx.prefix.grad(x, norm_state, grad_y, needs)
-            return (grad_x, grad_weight, grad_bias, grad_residual, None, None, None,
-                    *grad_params)
         grads = iter(torch.autograd.grad(root, wanted, grad_y) if wanted else ())
         grad_x = next(grads) if ctx.needs_input_grad[0] else None
         grad_params = [next(grads) if need else None for need in ctx.needs_input_grad[7:]]

@@ -269,3 +269,28 @@ def test_a_device_check_json_gives_the_headline_a_gpu_line(tmp_path):
             if 'GPU' in line]
     assert rows == ['| NVIDIA H200 (GPU, torch 2.11.0) | 2026-12-05 10:00 UTC, commit abc1234 | '
                     '800x1216 b2 train bf16 **1.40** (0.55) |']
+
+
+def _ladder_record(arch, dtype, with_cp, mmdet_mb, ours_mb, mmdet_ms, ours_ms):
+    record = dict(kind='backbone', arch=arch, shape=[800, 1333], batch=1, mode='train',
+                  dtype=dtype, baseline='mmdet', candidate='ours', mmdet_ms=mmdet_ms,
+                  ours_ms=ours_ms, speedup=mmdet_ms / ours_ms, mmdet_peak_mb=mmdet_mb,
+                  ours_peak_mb=ours_mb, mem_ratio=ours_mb / mmdet_mb, flags=[])
+    return dict(record, with_cp=True) if with_cp else record
+
+
+def test_memory_ladder_rows_beside_mmdets_gpu_ladder(tmp_path):
+    """Swin-B/L train records make the ladder: baseline, bf16, with_cp, both, per arch, each
+    with its peak and time ratios, its target and mmdet's example_largemodel row; a with_cp
+    record does not replace the record of the same case without it."""
+    records = [_ladder_record('large', 'bf16', True, 4000, 3000, 9000, 6000),
+               _ladder_record('large', 'fp32', False, 10000, 6000, 30000, 20000),
+               _ladder_record('base', 'fp32', True, 5000, 3500, 20000, 14000),
+               _ladder_record('large', 'fp32', True, 5000, 3500, 40000, 28000)]
+    doc = performance_markdown(load_runs(_write(tmp_path, [_run(records=records)])))
+    table = doc[doc.index('### Memory ladder'):].split('\n\n')[2].splitlines()[2:]
+    assert [row.split(' | ')[0] for row in table] == [
+        '| base 800x1333 b1 train fp32 with_cp', '| large 800x1333 b1 train fp32',
+        '| large 800x1333 b1 train fp32 with_cp', '| large 800x1333 b1 train bf16 with_cp']
+    assert table[1].split(' | ')[3:7] == ['0.60 (<= 0.65)', '30.0', '20.0', '0.67']
+    assert table[3].split(' | ')[3] == '0.75 (<= 0.8)' and table[3].endswith('25 GB, 1.3 s |')

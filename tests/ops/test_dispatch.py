@@ -47,13 +47,13 @@ def test_generic_attention_values_and_gradients_match_the_loop_reference(which):
 @pytest.mark.parametrize('which', ['none', 'all', 'last3', 'per_image'])
 def test_generic_path_matches_the_loop_reference_under_a_tracer_too(which, monkeypatch):
     """The generic path runs the same ops eagerly and under tracers and compilers (one SDPA
-    call, windows folded into the heads, bias + mask per window broadcast over the images);
-    here as a tracer sees it: the mask padded in the graph, not read from the eager cache."""
+    call, bias + mask per window expanded over the images); here as a tracer sees it: the mask
+    padded in the graph, not read from the eager cache."""
     from swin_rpe_plugin.ops import attention
     monkeypatch.setattr(attention, 'is_tracing', lambda x: True)
     check_against_the_loop_reference(
-        which, lambda q, k, v, bias, mask, nw: attention._generic(q, k, v, bias, mask,
-                                                                  8 ** -0.5, 0.0, nw))
+        which, lambda q, k, v, bias, mask, nw: attention.generic_window_attention(
+            q, k, v, bias, mask, 8 ** -0.5, 0.0, nw))
 
 
 @pytest.mark.parametrize('packed', [False, True], ids=['qkv_views', 'packed_qkv'])

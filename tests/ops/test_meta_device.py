@@ -181,10 +181,10 @@ def test_generic_equals_the_cpu_path_on_shifted_padded_windows(valid_hw):
 @pytest.mark.parametrize('packed', [False, True], ids=['qkv_views', 'packed_qkv'])
 @pytest.mark.parametrize('which', ['none', 'every_window', 'last3_shared', 'last3_per_image'])
 def test_generic_path_is_one_sdpa_call_whatever_the_batch(which, packed, monkeypatch):
-    """One SDPA call per layer for every window of every image: bias (+ mask) broadcast over the
-    batch ([1, heads, N, N] unmasked; windows folded into the heads, [1 or B, nW * heads, N, N],
-    with a mask), and the same operators forward and backward for 2 images as for 4 (for 1,
-    autograd skips the sums over the batch of the broadcast mask's gradient)."""
+    """One SDPA call per layer for every window of every image: the bias broadcast over every
+    window ([1, heads, N, N]) unmasked; with a mask, bias + mask made once per window and
+    expanded over the images ([B * nW, heads, N, N], one copy: q, k and v stay views of the
+    projection), and the same operators forward and backward for 2 images as for 4."""
     from benchmarks.work import WorkCounter
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -211,7 +211,6 @@ def test_generic_path_is_one_sdpa_call_whatever_the_batch(which, packed, monkeyp
         ops.append(counter.kernels_by_op)
     assert ops[0] == ops[1]
     assert ops[0]['constant_pad_nd'] == 0  # the mask of every window: made once, then kept
-    per_image = which == 'last3_per_image'
     expected = [(1, HEADS, N, N)] * 2 if mask is None else \
-        [(images if per_image else 1, NW * HEADS, N, N) for images in (2, 4)]
+        [(images * NW, HEADS, N, N) for images in (2, 4)]
     assert [tuple(shape) for shape in calls] == [s for s in expected for _ in range(2)]
