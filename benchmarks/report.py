@@ -338,10 +338,9 @@ def _gpu_line(run: dict) -> str:
 
 def headline_markdown(by_class: Dict[CpuClass, List[dict]],
                       gpu_runs: Sequence[dict] = ()) -> str:
-    """The README block: one line per CPU class with the speedups of its eager backbone records
-    (memory ratio beside; compiled, mask_padding and generic-backend lines only on the page)
-    and the date and
-    commit of the runs they came from."""
+    """The README block: one line per CPU class with the speedups of its eager Swin-T backbone
+    records (memory ratio beside; compiled, mask_padding, with_cp, generic-backend and bigger
+    backbones' lines only on the page) and the date and commit of the runs they came from."""
     lines = ['Ours against mmdet 3.3\'s Swin-T backbone (same config and weights, eager): '
              'speedup (memory ours/mmdet) per CPU class, until that class is measured again '
              '(transcribed: from a table published before JSONs were kept):', '',
@@ -350,7 +349,8 @@ def headline_markdown(by_class: Dict[CpuClass, List[dict]],
         backbone = [r for r in latest_records(runs)  # eager, default options: the rest below
                     if is_timed(r) and r.get('kind', 'backbone') == 'backbone'
                     and r['mode'] in ('infer', 'train') and not r.get('mask_padding')
-                    and not r.get('backend')]
+                    and not r.get('backend') and not r.get('with_cp')
+                    and r.get('arch', 'tiny') == 'tiny']
         shown = {id(r) for r in backbone}
         sources = [run for run in runs if any(id(r) in shown for r in run['records'])]
         measured = '; '.join(f"{run.get('date') or '?'}, commit {_commit(run)}"

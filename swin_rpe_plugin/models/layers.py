@@ -422,33 +422,37 @@ class SwinBlock(nn.Module):
         parts = None
         if kernels and not hooked and not is_compiling():
             parts = self.block_parts(norm1, attn, norm2, ffn)
-        if parts is not None:
-            first_half, second_half = self.halves(x, plan, parts, KERNELS[kernels])
-        elif self.post_norm:
-            def first_half(x: Tensor) -> Tensor:
-                return x + attn(x, hw_shape, plan, post_norm=norm1)
+        if parts is not None:  # the halves and their arguments after x
+            first_half, second_half = attention_half, ffn_half
+            first_args, second_args = self.half_arguments(x, plan, parts, KERNELS[kernels])
+        else:
+            first_args = second_args = ()
+            if self.post_norm:
+                def first_half(x: Tensor) -> Tensor:
+                    return x + attn(x, hw_shape, plan, post_norm=norm1)
 
-            def second_half(x: Tensor) -> Tensor:
-                return ffn(x, identity=x, post_norm=norm2)
-        else:  # mmdet's module order: what a hook on a part sees is what it sees there
-            def first_half(x: Tensor) -> Tensor:
-                return x + attn(norm1(x), hw_shape, plan)
+                def second_half(x: Tensor) -> Tensor:
+                    return ffn(x, identity=x, post_norm=norm2)
+            else:  # mmdet's module order: what a hook on a part sees is what it sees there
+                def first_half(x: Tensor) -> Tensor:
+                    return x + attn(norm1(x), hw_shape, plan)
 
-            def second_half(x: Tensor) -> Tensor:
-                return ffn(norm2(x), identity=x)
+                def second_half(x: Tensor) -> Tensor:
+                    return ffn(norm2(x), identity=x)
 
         if self.with_cp and torch.is_grad_enabled() and (
                 x.requires_grad or any(p.requires_grad for p in self.parameters())):
-            x = cp.checkpoint(first_half, x, use_reentrant=False)
-            return cp.checkpoint(second_half, x, use_reentrant=False)
-        return second_half(first_half(x))
+            x = cp.checkpoint(first_half, x, *first_args, use_reentrant=False)
+            return cp.checkpoint(second_half, x, *second_args, use_reentrant=False)
+        return second_half(first_half(x, *first_args), *second_args)
 
     def block_parts(self, norm1: nn.Module, attn: nn.Module, norm2: nn.Module,
                     ffn: nn.Module) -> Optional[tuple]:
-        """(norm1, w_msa, norm2, fc1, fc2, the two drop-path probabilities) when this block
-        is one ``ops.block`` computes: a V1 block (pre-norm, the table's bias, fused attention)
-        with LayerNorms, exact GELU and no dropout; else None. Read through the modules' attributes at each call, so a swapped module, or
-        a parameter a wrapper replaced (FSDP's views), is seen as it is now."""
+        """(norm1, w_msa, norm2, fc1, fc2, the two drop-path probabilities) when this block is one
+        ``ops.block`` computes: a V1 block (pre-norm, the table's bias, fused attention) with
+        LayerNorms, exact GELU and no dropout; else None. Read through the modules' attributes at
+        each call, so a swapped module, or a parameter a wrapper replaced (FSDP's views), is seen as
+        it is now."""
         if self.post_norm:
             return None
         w_msa, drop_attn, drop_ffn = attn.w_msa, attn.drop, ffn.dropout_layer
@@ -470,10 +474,9 @@ class SwinBlock(nn.Module):
                 drop_attn.drop_prob if type(drop_attn) is DropPath and drop_attn.training else 0.,
                 drop_ffn.drop_prob if type(drop_ffn) is DropPath and drop_ffn.training else 0.)
 
-    def halves(self, x: Tensor, plan: WindowPlan, parts: tuple, kernels) -> tuple:
-        """The block's two halves as ``ops.block.attention_half`` and ``ffn_half`` compute
-        them with ``kernels`` (see there), from :meth:`block_parts`: functions of the block
-        input and of the attention half's output. At inference under autocast the linears'
+    def half_arguments(self, x: Tensor, plan: WindowPlan, parts: tuple, kernels) -> tuple:
+        """The arguments after x of ``ops.block.attention_half`` and ``ffn_half`` (see there)
+        with ``kernels``, from :meth:`block_parts`. At inference under autocast the linears'
         casts are the last call's while their weights are unchanged (``ops/kept.py``)."""
         norm1, w_msa, norm2, fc1, fc2, drop_attn, drop_ffn = parts
         qkv, proj = w_msa.qkv, w_msa.proj
@@ -489,15 +492,9 @@ class SwinBlock(nn.Module):
         bias = w_msa.relative_position_bias(False, kernels.name != 'generic')
         first = (norm1.weight, norm1.bias, norm1.eps)
         second = (norm2.weight, norm2.bias, norm2.eps)
-
-        def attention(x: Tensor) -> Tensor:
-            return attention_half(x, plan, w_msa.num_heads, w_msa.scale, bias, first,
-                                  linears[0:2], linears[2:4], drop_attn, kernels)
-
-        def feed_forward(x: Tensor) -> Tensor:
-            return ffn_half(x, second, linears[4:6], linears[6:8], drop_ffn, kernels)
-
-        return attention, feed_forward
+        return ((plan, w_msa.num_heads, w_msa.scale, bias, first, linears[0:2], linears[2:4],
+                 drop_attn, kernels),
+                (second, linears[4:6], linears[6:8], drop_ffn, kernels))
 
 
 # mmcv's drop path (and the identity it is at rate 0): what ops.block draws itself

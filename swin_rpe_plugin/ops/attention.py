@@ -1,10 +1,10 @@
 """Window attention with an additive bias: fused (SDPA) and explicit paths, one signature.
 
-The generic path (every device but the CPU fast path's, ``dispatch.py``) is one SDPA call per
-layer for all windows of all images, bias (+ mask) broadcast, autograd through SDPA's own fused
-backward: no loop, no registered op, the same ops in eager mode and under tracers and compilers
-(:func:`generic_window_attention`). On a GPU each kernel launch costs host time whatever its size, so the
-number of calls, not bytes, is what that path minimises (docs/performance.md).
+The generic path (every device but the CPU fast path's, ``dispatch.py``) is one SDPA call per layer
+for all windows of all images, bias (+ mask) broadcast, autograd through SDPA's own fused backward:
+no loop, no registered op, the same ops in eager mode and under tracers and compilers
+(:func:`generic_window_attention`). On a GPU each kernel launch costs host time whatever its size,
+so the number of calls, not bytes, is what that path minimises (docs/performance.md).
 
 The CPU fast path splits each image's windows into unmasked ones (one SDPA call, the broadcast
 bias) and masked ones (one call, bias + mask [nM, heads, N, N]); without dropout it is the

@@ -13,11 +13,11 @@ _MergeNormReduce).
 The kernels (:class:`BlockKernels`) are chosen once per backbone forward by
 ``dispatch.block_kernels``, as SDPA chooses its backend inside one call:
 
-- :data:`GENERIC` (every device; the CPU under ``SWIN_RPE_BACKEND=generic``): ``F.linear``,
-  one ``F.scaled_dot_product_attention`` call per layer for all windows of all images (each
-  device's fused kernels, SDPA's own autograd; ``attention.generic_window_attention``), the output projection
-  in window order (it keeps SDPA's output, which SDPA keeps anyway), then the gather back and
-  the residual add.
+- :data:`GENERIC` (every device; the CPU under ``SWIN_RPE_BACKEND=generic``): ``F.linear``, one
+  ``F.scaled_dot_product_attention`` call per layer for all windows of all images (each device's
+  fused kernels, SDPA's own autograd; ``attention.generic_window_attention``), the output projection
+  in window order (it keeps SDPA's output, which SDPA keeps anyway), then the gather back and the
+  residual add.
 - :data:`CPU`: the products by ``dispatch.KERNEL_RULES`` (oneDNN or MKL, ``ops/linear.py``),
   the residual added by the product itself, and the window attention op of
   ``ops/attention.py`` (unmasked and masked windows apart, the backward recomputed a chunk of
@@ -256,14 +256,24 @@ def _project_in_window_order(out: Tensor, proj, x: Tensor, keep: Optional[Tensor
     return x + out if torch.is_grad_enabled() else _add_residual(x, out)
 
 
+def _linear_residual(x: Tensor, weight: Tensor, bias: Optional[Tensor],
+                     residual: Tensor) -> Tensor:
+    out = F.linear(x, weight, bias)
+    return out.add_(residual) if out.dtype == residual.dtype else residual + out
+
+
+def _sum_rows(grad: Tensor, dtype: torch.dtype) -> Tensor:
+    """Summed into ``dtype`` in one kernel (a GPU's reduction accumulates in float32 either
+    way; the launch is what counts there)."""
+    return grad.sum(0, dtype=dtype)
+
+
+# Plain functions and C callables, no lambdas: each Python frame is host time a GPU waits for.
 GENERIC = BlockKernels(
-    'generic', F.linear,
-    linear_residual=lambda x, weight, bias, residual: _add_residual(
-        residual, F.linear(x, weight, bias)),
+    'generic', F.linear, linear_residual=_linear_residual,
     linear_gelu=lambda x, weight, bias: _gelu_(F.linear(x, weight, bias)),
-    grad_input=lambda grad, weight: grad.mm(weight),
-    bias_grad=lambda grad, dtype: grad.sum(0, dtype=dtype),
-    attention=_sdpa_attention, project=_project_in_window_order)
+    grad_input=torch.mm, bias_grad=_sum_rows, attention=_sdpa_attention,
+    project=_project_in_window_order)
 
 
 def _cast(x: Tensor, weight: Tensor, bias: Optional[Tensor]):

@@ -14,13 +14,13 @@ keeps (on the CPU its math path: the probabilities), trading bytes for launches,
 a GPU pays for (tests/benchmarks/test_kernel_budgets.py). Its bf16 train step was raised again
 when the bias gradients became one sum into float32 (one launch, where a CPU casts the whole
 gradient first: the bytes counted here) and the output projections plain autograd (their weight
-casts kept). When the generic path became one block of two Functions (issue 47: host work per
-step, ``ops/generic_block.py``, now ``ops/block.py``), its float32 train step moved 861 MB instead of 824 (q, k, v stay
-views of the projection in shifted blocks too, so their gradients are stacked and copied back
-into its layout, 2 x 3C, where a folded copy took one; the bias is left a view and the shift
-mask expanded over the images) and keeps less (71 MB against 76); at inference the peak rose
-by one channel-width of stage 1 (the projection runs in window order before its gather back:
-15.1 MB against 13.9 in float32, 11.2 against 9.0 in bf16), for 8 fewer launches and a third
+casts kept). When the generic path became one block of two Functions (issue 47: host work per step,
+``ops/generic_block.py``, now ``ops/block.py``), its float32 train step moved 861 MB instead of 824
+(q, k, v stay views of the projection in shifted blocks too, so their gradients are stacked and
+copied back into its layout, 2 x 3C, where a folded copy took one; the bias is left a view and the
+shift mask expanded over the images) and keeps less (71 MB against 76); at inference the peak rose
+by one channel-width of stage 1 (the projection runs in window order before its gather back: 15.1 MB
+against 13.9 in float32, 11.2 against 9.0 in bf16), for 8 fewer launches and a third
 of the Python calls. When the CPU path joined that block (issue 53: one definition,
 ``ops/block.py``, its kernels a choice), its train steps moved 0.2 MB (float32) and 2.6 MB
 (bf16) less and count 67 kB more kept (the plans' token indices, which the Functions hold and
