@@ -52,7 +52,6 @@ from .attention import generic_window_attention, window_attention_qkv
 from .dispatch import compute_dtype
 from .linear import linear, linear_residual
 from .recompute import linear_keeping_input
-from .window_products import qkv_views
 from .windows import _gather, gather_tokens
 
 __all__ = ['BlockKernels', 'GENERIC', 'CPU', 'KERNELS', 'attention_half', 'ffn_half',
@@ -99,7 +98,7 @@ class _NormWindowsQKV(torch.autograd.Function):
             windows = windows.to(dtype)
         grad = grad.reshape(-1, grad.shape[-1])
         grad_weight = grad.t().mm(windows.view(-1, c))
-        grad_bias = kernels.bias_grad(grad, weight.dtype) if ctx.has_bias else None
+        grad_bias = kernels.bias_grad(grad, 0, dtype=weight.dtype) if ctx.has_bias else None
         grad_windows = kernels.grad_input(grad, weight if weight.dtype == dtype
                                           else weight.to(dtype))
         grad_y = _gather(grad_windows.view(x.shape[0], -1, c), scatter, False)
@@ -144,14 +143,14 @@ class _NormMLP(torch.autograd.Function):
         g = g.reshape(-1, shape[0])
         hidden = hidden.view(-1, hidden.shape[-1])
         grad_fc2_weight = g.t().mm(F.gelu(hidden))
-        grad_fc2_bias = kernels.bias_grad(g, fc2_weight.dtype)
+        grad_fc2_bias = kernels.bias_grad(g, 0, dtype=fc2_weight.dtype)
         grad_hidden = gelu_backward_(kernels.grad_input(
             g, fc2_weight if fc2_weight.dtype == dtype else fc2_weight.to(dtype)), hidden)
         y, mean, rstd = _layer_norm(x, shape, norm_weight, norm_bias, ctx.eps)
         if y.dtype != dtype:
             y = y.to(dtype)
         grad_fc1_weight = grad_hidden.t().mm(y.view(-1, shape[0]))
-        grad_fc1_bias = kernels.bias_grad(grad_hidden, fc1_weight.dtype)
+        grad_fc1_bias = kernels.bias_grad(grad_hidden, 0, dtype=fc1_weight.dtype)
         grad_y = kernels.grad_input(grad_hidden, fc1_weight if fc1_weight.dtype == dtype
                                     else fc1_weight.to(dtype)).view(x.shape)
         if grad_y.dtype != x.dtype:
@@ -223,7 +222,8 @@ class BlockKernels(NamedTuple):
         region); weights in their own dtype. linear_residual(x, weight, bias, residual): the
         product plus a residual. linear_gelu(x, weight, bias): the product then exact GELU,
         without autograd. grad_input(grad, weight): grad @ weight, both in grad's dtype.
-        bias_grad(grad, dtype): grad summed over its rows, in dtype.
+        bias_grad(grad, 0, dtype=dtype): grad summed over its rows, in dtype (``torch.sum``'s
+        signature).
         attention(qkv, heads, bias, plan, scale): [B, nW * N, 3C] -> [B * nW, N, C].
         project(out, proj, x, keep, plan, index, zeros): ``x + keep * proj(out)`` in map order.
     """
@@ -241,7 +241,9 @@ def _sdpa_attention(qkv: Tensor, heads: int, bias: Tensor, plan, scale: float) -
     """One SDPA call for all windows of all images (``attention.generic_window_attention``):
     q, k, v views of the projection [B, nW * N, 3C]."""
     nw = plan.num_windows
-    q, k, v = qkv_views(qkv, heads, qkv.shape[1] // nw)
+    b, length, c3 = qkv.shape
+    q, k, v = qkv.view(b * nw, length // nw, 3, heads, c3 // 3 // heads).permute(
+        2, 0, 3, 1, 4).unbind(0)  # as window_products.qkv_views, one Python call less
     return generic_window_attention(q, k, v, bias, plan.mask, scale, 0.0, nw, qkv.dtype, False)
 
 
@@ -262,17 +264,13 @@ def _linear_residual(x: Tensor, weight: Tensor, bias: Optional[Tensor],
     return out.add_(residual) if out.dtype == residual.dtype else residual + out
 
 
-def _sum_rows(grad: Tensor, dtype: torch.dtype) -> Tensor:
-    """Summed into ``dtype`` in one kernel (a GPU's reduction accumulates in float32 either
-    way; the launch is what counts there)."""
-    return grad.sum(0, dtype=dtype)
-
-
 # Plain functions and C callables, no lambdas: each Python frame is host time a GPU waits for.
 GENERIC = BlockKernels(
     'generic', F.linear, linear_residual=_linear_residual,
     linear_gelu=lambda x, weight, bias: _gelu_(F.linear(x, weight, bias)),
-    grad_input=torch.mm, bias_grad=_sum_rows, attention=_sdpa_attention,
+    # bias gradients summed into the weight's dtype in one kernel (a GPU's reduction
+    # accumulates in float32 either way; the launch is what counts there)
+    grad_input=torch.mm, bias_grad=torch.sum, attention=_sdpa_attention,
     project=_project_in_window_order)
 
 
@@ -306,7 +304,7 @@ CPU = BlockKernels(
     # In the product's dtype, then cast: ATen's bf16 sum accumulates in float32 and rounds
     # once, where sum(dtype=float32) first casts the whole gradient (12x slower on [32768,
     # 384], Xeon with AMX).
-    bias_grad=lambda grad, dtype: grad.sum(0).to(dtype),
+    bias_grad=lambda grad, dim, dtype: grad.sum(dim).to(dtype),
     attention=lambda qkv, heads, bias, plan, scale: window_attention_qkv(
         qkv.view(-1, qkv.shape[1] // plan.num_windows, qkv.shape[2]), heads, bias, plan.mask,
         scale, windows_per_image=plan.num_windows),

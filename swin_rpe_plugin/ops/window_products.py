@@ -227,13 +227,10 @@ def _(grad_out, q, k, v, bias, mask, scale, nw):
             bias.new_empty(bias.shape))
 
 
-def qkv_views(qkv: Tensor, heads: int, n: Optional[int] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    """q, k, v [B * nW, heads, N, d] as views of a qkv projection output [B * nW, N, 3C], or
-    [B, nW * N, 3C] with the window's N tokens given."""
-    c3 = qkv.shape[-1]
-    if n is None:
-        n = qkv.shape[1]
-    return qkv.view(-1, n, 3, heads, c3 // 3 // heads).permute(2, 0, 3, 1, 4).unbind(0)
+def qkv_views(qkv: Tensor, heads: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """q, k, v [B * nW, heads, N, d] as views of a qkv projection output [B * nW, N, 3C]."""
+    bw, n, c3 = qkv.shape
+    return qkv.view(bw, n, 3, heads, c3 // 3 // heads).permute(2, 0, 3, 1, 4).unbind(0)
 
 
 @custom_op('swin_rpe::window_attention_qkv_backward', mutates_args=())
