@@ -99,7 +99,9 @@ class PatchEmbed(nn.Module):
 
 
 class PatchMerging(nn.Module):
-    """Concatenate each 2x2 neighbourhood (channel order of ``nn.Unfold``), norm, reduce."""
+    """Concatenate each 2x2 neighbourhood (channel order of ``nn.Unfold``), norm, reduce
+    (SwinV2's, ``norm_after``: reduce, then norm)."""
+    norm_after = False
 
     def __init__(self, in_channels: int, out_channels: int, stride: int = 2,
                  norm_cfg: Optional[dict] = dict(type='LN')):
@@ -116,19 +118,22 @@ class PatchMerging(nn.Module):
         Backward keeps x, not the neighbourhoods and their norm (two tensors of x's size that
         a copy and a norm give back): x is the stage output, which the output norm keeps.
         ``kernels``: as ``SwinBlock.forward``'s (``ops.block.patch_merge``)."""
-        norm = self.norm
-        if kernels and self.stride == 2 and is_layer_norm(norm) and not is_compiling():
+        norm, after = self.norm, self.norm_after
+        if kernels and self.stride == 2 and (after or is_layer_norm(norm)) \
+                and not is_compiling():
             h, w = hw_shape
             weight = self.reduction.weight
             dtype = compute_dtype(x)
             if dtype != weight.dtype and not torch.is_grad_enabled():  # inference, autocast
                 weight = self._kept_cast.get(sources_key((weight,), dtype),
                                              lambda: weight.detach().to(dtype))
-            out = patch_merge(x, hw_shape, (norm.weight, norm.bias, norm.eps), weight,
-                              KERNELS[kernels])
-            return out, ((h + 1) // 2, (w + 1) // 2)
-        norm = norm if norm is not None else _IDENTITY
-        return self.reduce(x, hw_shape, norm, affine_tensors(norm))
+            out = patch_merge(x, hw_shape, None if after else (norm.weight, norm.bias, norm.eps),
+                              weight, KERNELS[kernels])
+            hw_shape = ((h + 1) // 2, (w + 1) // 2)
+        else:
+            prefix = norm if norm is not None and not after else _IDENTITY
+            out, hw_shape = self.reduce(x, hw_shape, prefix, affine_tensors(prefix))
+        return (norm(out) if after and norm is not None else out), hw_shape
 
     def reduce(self, x: Tensor, hw_shape: HW, prefix: nn.Module,
                prefix_params: list) -> Tuple[Tensor, HW]:
@@ -221,11 +226,12 @@ class WindowMSA(nn.Module):
                   windows_per_image: Optional[int] = None) -> Tensor:
         """Attention before the output projection: [B * nW, N, 3C] -> [B * nW, N, C]. q, k
         and v are the projection's own columns, so the attention takes it packed (and writes
-        its gradient in its layout); SwinV2 transforms q and k first (:meth:`query_key`)."""
+        its gradient in its layout); SwinV2's cosine attention by its ``logit_scale``."""
         return window_attention_qkv(qkv, self.num_heads, self.relative_position_bias(), mask,
                                     self.scale, self.attn_drop_rate if self.training else 0.0,
                                     fused=self.fused_attention,
-                                    windows_per_image=windows_per_image)
+                                    windows_per_image=windows_per_image,
+                                    logit_scale=getattr(self, 'logit_scale', None))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # mmdet/mmseg/official checkpoints save the index; ours is rebuilt from the window.
@@ -375,6 +381,8 @@ class SwinBlock(nn.Module):
     With ``post_norm`` (SwinV2's res-post-norm): (S)W-MSA -> norm -> residual -> FFN -> norm ->
     residual; ``w_msa`` is then the caller's window attention (see ShiftWindowMSA).
     """
+    # The window attention ops.block's halves compute for this block class (SwinV2: its own).
+    window_attention_class = WindowMSA
 
     def __init__(self, embed_dims: int, num_heads: int, feedforward_channels: int,
                  window_size=7, shift: bool = False, qkv_bias: bool = True,
@@ -404,10 +412,10 @@ class SwinBlock(nn.Module):
         """x: [B, H*W, C] -> [B, H*W, C].
 
         ``kernels``: the backbone's choice for this forward (``ops.dispatch.block_kernels``:
-        'cpu' or 'generic'), with which a V1 block runs ``ops.block``'s two halves, its one
-        definition, with the plan given; None (tracers, exporters, compilers) or a block the
-        halves do not compute (SwinV2's post-norm, dropout, other norms or activations, the
-        explicit attention) runs the modules' plain form. Asked again here whether a compiler
+        'cpu' or 'generic'), with which the block runs ``ops.block``'s two halves, its one
+        definition (V1 and SwinV2, dropout, drop path), with the plan given; None (tracers,
+        exporters, compilers) or a block the halves do not compute (other norms or
+        activations, the explicit attention) runs the modules' plain form. Asked again here whether a compiler
         traces this call: torch 2.1's dynamo runs a frame eagerly after a graph break in its
         loop and traces the frames it calls, so a stage's answer can be an eager one.
 
@@ -418,13 +426,12 @@ class SwinBlock(nn.Module):
         ``with_cp``: each half (attention, FFN) is checkpointed on its own, so backward holds
         one half's recomputed activations at a time, not the block's (docs/training.md)."""
         norm1, attn, norm2, ffn = self.norm1, self.attn, self.norm2, self.ffn
-        hooked = has_forward_hooks(norm1, attn, norm2, ffn)
-        parts = None
-        if kernels and not hooked and not is_compiling():
-            parts = self.block_parts(norm1, attn, norm2, ffn)
-        if parts is not None:  # the halves and their arguments after x
+        arguments = None
+        if kernels and not has_forward_hooks(norm1, attn, norm2, ffn) and not is_compiling():
+            arguments = self.half_arguments(x, plan, KERNELS[kernels], norm1, attn, norm2, ffn)
+        if arguments is not None:  # the halves and their arguments after x
             first_half, second_half = attention_half, ffn_half
-            first_args, second_args = self.half_arguments(x, plan, parts, KERNELS[kernels])
+            first_args, second_args = arguments
         else:
             first_args = second_args = ()
             if self.post_norm:
@@ -446,55 +453,55 @@ class SwinBlock(nn.Module):
             return cp.checkpoint(second_half, x, *second_args, use_reentrant=False)
         return second_half(first_half(x, *first_args), *second_args)
 
-    def block_parts(self, norm1: nn.Module, attn: nn.Module, norm2: nn.Module,
-                    ffn: nn.Module) -> Optional[tuple]:
-        """(norm1, w_msa, norm2, fc1, fc2, the two drop-path probabilities) when this block is one
-        ``ops.block`` computes: a V1 block (pre-norm, the table's bias, fused attention) with
-        LayerNorms, exact GELU and no dropout; else None. Read through the modules' attributes at
-        each call, so a swapped module, or a parameter a wrapper replaced (FSDP's views), is seen as
-        it is now."""
-        if self.post_norm:
-            return None
+    def half_arguments(self, x: Tensor, plan: WindowPlan, kernels, norm1: nn.Module,
+                       attn: nn.Module, norm2: nn.Module, ffn: nn.Module) -> Optional[tuple]:
+        """The arguments after x of ``ops.block.attention_half`` and ``ffn_half`` (see there)
+        with ``kernels``, when this block is one they compute: its own window attention
+        (``window_attention_class``, fused), LayerNorms, exact GELU, mmcv's drop path, one
+        FFN dropout; else None. Read through the modules' attributes at each call, so a
+        swapped module, or a parameter a wrapper replaced (FSDP's views), is seen as it is
+        now. At inference under autocast the linears' casts are the last call's while their
+        weights are unchanged (``ops/kept.py``)."""
         w_msa, drop_attn, drop_ffn = attn.w_msa, attn.drop, ffn.dropout_layer
         (fc1, act, drop1), fc2, drop2 = ffn.layers
         # Written out, not by is_layer_norm / _is_exact_gelu: each call is host
         # time a GPU waits for, twelve blocks a forward (tests/benchmarks/test_host_budgets.py).
-        if not (type(w_msa) is WindowMSA and w_msa.fused_attention
+        if not (type(w_msa) is self.window_attention_class and w_msa.fused_attention
                 and type(norm1) is nn.LayerNorm and type(norm2) is nn.LayerNorm
                 and norm1.normalized_shape[-1:] == norm1.normalized_shape
                 and norm2.normalized_shape[-1:] == norm2.normalized_shape
                 and type(act) is nn.GELU and act.approximate == 'none'
                 and type(drop_attn) in _DROP_PATHS and type(drop_ffn) in _DROP_PATHS):
             return None
-        if not self.training:
-            return norm1, w_msa, norm2, fc1, fc2, 0., 0.
-        if w_msa.attn_drop_rate or w_msa.proj_drop.p or drop1.p or drop2.p:
-            return None
-        return (norm1, w_msa, norm2, fc1, fc2,
-                drop_attn.drop_prob if type(drop_attn) is DropPath and drop_attn.training else 0.,
-                drop_ffn.drop_prob if type(drop_ffn) is DropPath and drop_ffn.training else 0.)
-
-    def half_arguments(self, x: Tensor, plan: WindowPlan, parts: tuple, kernels) -> tuple:
-        """The arguments after x of ``ops.block.attention_half`` and ``ffn_half`` (see there)
-        with ``kernels``, from :meth:`block_parts`. At inference under autocast the linears'
-        casts are the last call's while their weights are unchanged (``ops/kept.py``)."""
-        norm1, w_msa, norm2, fc1, fc2, drop_attn, drop_ffn = parts
+        if self.training:
+            if drop1.p != drop2.p:  # the halves take one FFN dropout
+                return None
+            dropouts = (w_msa.attn_drop_rate, w_msa.proj_drop.p, drop1.p)
+            drop_attn = drop_attn.drop_prob if type(drop_attn) is DropPath \
+                and drop_attn.training else 0.
+            drop_ffn = drop_ffn.drop_prob if type(drop_ffn) is DropPath \
+                and drop_ffn.training else 0.
+        else:
+            dropouts, drop_attn, drop_ffn = (0., 0., 0.), 0., 0.
         qkv, proj = w_msa.qkv, w_msa.proj
-        linears = [qkv.weight, qkv.bias, proj.weight, proj.bias, fc1.weight, fc1.bias,
-                   fc2.weight, fc2.bias]
+        linears = [qkv.weight, w_msa.qkv_projection_bias(), proj.weight, proj.bias, fc1.weight,
+                   fc1.bias, fc2.weight, fc2.bias]
         if not torch.is_grad_enabled():
             dtype = compute_dtype(x)
             if dtype != linears[0].dtype:  # inference under autocast: the last call's casts
+                # (SwinV2's qkv bias is made from q_bias and v_bias at each call: they key it)
                 linears = self._kept_casts.get(
-                    sources_key(linears, dtype),
+                    sources_key(linears + [getattr(w_msa, 'q_bias', None),
+                                           getattr(w_msa, 'v_bias', None)], dtype),
                     lambda: [None if t is None else t.detach().to(dtype) for t in linears])
         # The generic kernels broadcast the gathered bias as it is (a permuted view).
         bias = w_msa.relative_position_bias(False, kernels.name != 'generic')
-        first = (norm1.weight, norm1.bias, norm1.eps)
-        second = (norm2.weight, norm2.bias, norm2.eps)
-        return ((plan, w_msa.num_heads, w_msa.scale, bias, first, linears[0:2], linears[2:4],
-                 drop_attn, kernels),
-                (second, linears[4:6], linears[6:8], drop_ffn, kernels))
+        post_norm = self.post_norm
+        return ((plan, w_msa.num_heads, w_msa.scale, bias, (norm1.weight, norm1.bias, norm1.eps),
+                 linears[0:2], linears[2:4], drop_attn, kernels, post_norm,
+                 getattr(w_msa, 'logit_scale', None), dropouts[0], dropouts[1]),
+                ((norm2.weight, norm2.bias, norm2.eps), linears[4:6], linears[6:8], drop_ffn,
+                 kernels, post_norm, dropouts[2]))
 
 
 # mmcv's drop path (and the identity it is at rate 0): what ops.block draws itself

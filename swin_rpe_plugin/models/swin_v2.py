@@ -33,11 +33,10 @@ from torch import Tensor
 
 from ..compat import is_compiling
 from ..ops import (continuous_position_bias, log_spaced_relative_coords,
-                   resolve_pretrained_window, scaled_cosine_query_key, split_qkv,
-                   to_window_tuple, window_attention)
+                   resolve_pretrained_window, scaled_cosine_query_key, to_window_tuple)
 from ..ops.kept import sources_key
 from ..registry import MODELS
-from .layers import HW, PatchMerging, SwinBlock, WindowMSA
+from .layers import PatchMerging, SwinBlock, WindowMSA
 from .swin import SwinTransformer, _as_tuple
 
 
@@ -75,25 +74,16 @@ class WindowMSAV2(WindowMSA):
         q, k = scaled_cosine_query_key(q, k, self.logit_scale)
         return q, k, 1.0
 
-    def attention(self, qkv: Tensor, mask: Optional[Tensor] = None,
-                  windows_per_image: Optional[int] = None) -> Tensor:
-        """Cosine attention: q and k normalised (and q scaled) apart from the projection, so
-        the attention takes q, k, v (V1 takes the projection packed)."""
-        q, k, v = split_qkv(qkv, self.num_heads)
-        q, k, scale = self.query_key(q, k)
-        return window_attention(q, k, v, self.relative_position_bias(), mask, scale,
-                                self.attn_drop_rate if self.training else 0.0,
-                                fused=self.fused_attention, windows_per_image=windows_per_image)
-
-    def relative_position_bias(self) -> Tensor:
-        """[heads, N, N] continuous position bias.
+    def relative_position_bias(self, tracing: Optional[bool] = None,
+                               contiguous: bool = True) -> Tensor:
+        """[heads, N, N] continuous position bias (contiguous; the arguments as V1's).
 
         Reused across forwards while the MLP is unchanged and no gradient is needed
         (inference); recomputed whenever autograd must see it, and under torch.compile.
         """
         params = (self.cpb_mlp[0].weight, self.cpb_mlp[0].bias, self.cpb_mlp[2].weight)
         if ((torch.is_grad_enabled() and any(p.requires_grad for p in params))
-                or is_compiling()):
+                or (is_compiling() if tracing is None else tracing)):
             return continuous_position_bias(self.relative_coords_table,
                                             self.relative_position_index, *params)
         return self._kept_bias.get(
@@ -117,6 +107,7 @@ class WindowMSAV2(WindowMSA):
 
 class SwinBlockV2(SwinBlock):
     """(S)W-MSA -> norm -> residual -> FFN -> norm -> residual (res-post-norm)."""
+    window_attention_class = WindowMSAV2
 
     def __init__(self, embed_dims: int, num_heads: int, feedforward_channels: int,
                  window_size=8, shift: bool = False, qkv_bias: bool = True,
@@ -135,18 +126,12 @@ class SwinBlockV2(SwinBlock):
 
 class PatchMergingV2(PatchMerging):
     """Concatenate each 2x2 neighbourhood (nn.Unfold's channel order), reduce, then norm."""
+    norm_after = True
 
     def __init__(self, in_channels: int, out_channels: int, stride: int,
                  norm_cfg: Optional[dict]):
         super().__init__(in_channels, out_channels, stride, norm_cfg=None)
         self.norm = build_norm_layer(norm_cfg, out_channels)[1] if norm_cfg else None
-
-    def forward(self, x: Tensor, hw_shape: HW, kernels: Optional[str] = None
-                ) -> Tuple[Tensor, HW]:
-        """[B, H*W, C] -> ([B, H'*W', C_out], (H', W')), H' = ceil(H / stride) (every path runs
-        the modules below: ``kernels`` is the stage's shared signature)."""
-        x, hw = self.reduce(x, hw_shape, nn.Identity(), [])  # backward keeps x only
-        return (x if self.norm is None else self.norm(x)), hw
 
 
 @MODELS.register_module()

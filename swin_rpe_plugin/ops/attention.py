@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ..compat import (SDPA_TAKES_FLOAT_MASK, TRACED_SDPA_EXPORTS, WeakIdKeyDictionary,
                       custom_op, is_exporting)
+from .continuous_position import scaled_cosine_query_key
 from .dispatch import (autocast_context, choose_kernel, compute_dtype, is_tracing,
                        use_cpu_fast_paths)
 from .window_products import (attention_backward_op, attention_qkv_backward_op,
@@ -116,19 +117,24 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
 
 def window_attention_qkv(qkv: Tensor, heads: int, bias: Tensor, mask: Optional[Tensor] = None,
                          scale: Optional[float] = None, dropout_p: float = 0.0,
-                         fused: bool = True, windows_per_image: Optional[int] = None) -> Tensor:
+                         fused: bool = True, windows_per_image: Optional[int] = None,
+                         logit_scale: Optional[Tensor] = None) -> Tensor:
     """:func:`window_attention` of the q, k, v of one qkv projection output, [B * nW, N, 3C]
-    (q, k, v the projection's own columns, as in Swin V1), the other arguments as there.
+    (q, k, v the projection's own columns), the other arguments as there. ``logit_scale``
+    ([heads, 1, 1]): SwinV2's cosine attention (``scaled_cosine_query_key``), q and k
+    normalised and q scaled; ``scale`` is then 1.
 
-    On the CPU path without dropout it is one registered op on the packed tensor, whose
-    backward writes the gradient of qkv in qkv's layout: no gradient of q, k and v apart for
-    autograd to copy into it. Anywhere else it is :func:`window_attention` of
+    On the CPU path without dropout or cosine it is one registered op on the packed tensor,
+    whose backward writes the gradient of qkv in qkv's layout: no gradient of q, k and v apart
+    for autograd to copy into it. Anywhere else it is :func:`window_attention` of
     :func:`split_qkv`'s views.
     """
     cpu_path = use_cpu_fast_paths(qkv)
-    if (not fused or dropout_p > 0 or not cpu_path or torch.jit.is_tracing()
-            or is_exporting() or not qkv.is_contiguous()):
+    if (not fused or dropout_p > 0 or logit_scale is not None or not cpu_path
+            or torch.jit.is_tracing() or is_exporting() or not qkv.is_contiguous()):
         q, k, v = split_qkv(qkv, heads)
+        if logit_scale is not None:
+            (q, k), scale = scaled_cosine_query_key(q, k, logit_scale), 1.0
         return window_attention(q, k, v, bias, mask, scale, dropout_p, fused, windows_per_image)
     bw, n, c3 = qkv.shape
     head_dim = c3 // 3 // heads

@@ -49,6 +49,7 @@ from torch import Tensor
 
 from ..compat import apply_function, gelu_backward_
 from .attention import generic_window_attention, window_attention_qkv
+from .continuous_position import scaled_cosine_query_key
 from .dispatch import compute_dtype
 from .linear import linear, linear_residual
 from .recompute import linear_keeping_input
@@ -71,17 +72,23 @@ def drop_path_keep(batch: int, drop_prob: float, dtype: torch.dtype, device) -> 
     return keep.add_(keep_prob).floor_().div_(keep_prob)
 
 
+def _pre_norm(x: Tensor, norm: Optional[tuple]) -> Tensor:
+    """layer_norm(x) with ``norm`` = (weight, bias, eps); x itself where norm is None (SwinV2's
+    halves norm their outputs instead)."""
+    return x if norm is None else _layer_norm(x, x.shape[-1:], *norm)[0]
+
+
 class _NormWindowsQKV(torch.autograd.Function):
-    """``linear(gather(layer_norm(x)), weight, bias)``: keeps x, and recomputes the norm (its
-    statistics too) and the gather in backward."""
+    """``linear(gather(layer_norm(x)), weight, bias)`` (no norm where ``norm_weight`` is None):
+    keeps x, and recomputes the norm (its statistics too) and the gather in backward."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, norm_weight: Tensor, norm_bias: Tensor, eps: float,
-                index: Tensor, zeros, scatter: Tensor, weight: Tensor,
+    def forward(ctx, x: Tensor, norm_weight: Optional[Tensor], norm_bias: Optional[Tensor],
+                eps: float, index: Tensor, zeros, scatter: Tensor, weight: Tensor,
                 bias: Optional[Tensor], kernels: 'BlockKernels') -> Tensor:
-        shape = x.shape[-1:]
-        qkv = kernels.linear(_gather(_layer_norm(x, shape, norm_weight, norm_bias, eps)[0], index,
-                                     zeros), weight, bias)
+        y = x if norm_weight is None else _layer_norm(x, x.shape[-1:], norm_weight, norm_bias,
+                                                      eps)[0]
+        qkv = kernels.linear(_gather(y, index, zeros), weight, bias)
         ctx.save_for_backward(x, norm_weight, norm_bias, weight, index, scatter)
         ctx.eps, ctx.zeros, ctx.has_bias, ctx.kernels = eps, zeros, bias is not None, kernels
         return qkv
@@ -91,7 +98,10 @@ class _NormWindowsQKV(torch.autograd.Function):
         x, norm_weight, norm_bias, weight, index, scatter = ctx.saved_tensors
         dtype, shape, kernels = grad.dtype, x.shape[-1:], ctx.kernels
         c = shape[0]
-        y, mean, rstd = _layer_norm(x, shape, norm_weight, norm_bias, ctx.eps)
+        if norm_weight is None:
+            y = x
+        else:
+            y, mean, rstd = _layer_norm(x, shape, norm_weight, norm_bias, ctx.eps)
         windows = _gather(y, index, ctx.zeros)
         del y
         if windows.dtype != dtype:
@@ -105,8 +115,12 @@ class _NormWindowsQKV(torch.autograd.Function):
         if grad_y.dtype != x.dtype:
             grad_y = grad_y.to(x.dtype)
         needs = ctx.needs_input_grad
-        grad_x, grad_norm_weight, grad_norm_bias = _layer_norm_backward(
-            grad_y, x, shape, mean, rstd, norm_weight, norm_bias, [needs[0], needs[1], needs[2]])
+        if norm_weight is None:
+            grad_x, grad_norm_weight, grad_norm_bias = grad_y, None, None
+        else:
+            grad_x, grad_norm_weight, grad_norm_bias = _layer_norm_backward(
+                grad_y, x, shape, mean, rstd, norm_weight, norm_bias, [needs[0], needs[1],
+                                                                      needs[2]])
         if grad_weight.dtype != weight.dtype:
             grad_weight = grad_weight.to(weight.dtype)
         return (grad_x, grad_norm_weight, grad_norm_bias, None, None, None, None, grad_weight,
@@ -115,20 +129,22 @@ class _NormWindowsQKV(torch.autograd.Function):
 
 class _NormMLP(torch.autograd.Function):
     """``x + keep * fc2(gelu(fc1(layer_norm(x))))``, keep drop path's draw in the products'
-    dtype: keeps x and fc1's output; recomputes the norm (its statistics too) and GELU in
-    backward, GELU's gradient written in place."""
+    dtype; SwinV2's (``norm_weight`` None) the branch alone, ``fc2(gelu(fc1(x)))``, which the
+    caller norms and adds. Keeps x and fc1's output; recomputes the norm (its statistics too)
+    and GELU in backward, GELU's gradient written in place."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, norm_weight: Tensor, norm_bias: Tensor, eps: float,
-                fc1_weight: Tensor, fc1_bias: Tensor, fc2_weight: Tensor, fc2_bias: Tensor,
-                drop_prob: float, kernels: 'BlockKernels') -> Tensor:
-        shape = x.shape[-1:]
-        hidden = kernels.linear(_layer_norm(x, shape, norm_weight, norm_bias, eps)[0],
-                                fc1_weight, fc1_bias)
+    def forward(ctx, x: Tensor, norm_weight: Optional[Tensor], norm_bias: Optional[Tensor],
+                eps: float, fc1_weight: Tensor, fc1_bias: Tensor, fc2_weight: Tensor,
+                fc2_bias: Tensor, drop_prob: float, kernels: 'BlockKernels') -> Tensor:
+        hidden = kernels.linear(x if norm_weight is None else _layer_norm(
+            x, x.shape[-1:], norm_weight, norm_bias, eps)[0], fc1_weight, fc1_bias)
         keep = drop_path_keep(x.shape[0], drop_prob, hidden.dtype, x.device) \
             if drop_prob else None
         ctx.save_for_backward(x, norm_weight, norm_bias, fc1_weight, fc2_weight, hidden, keep)
         ctx.eps, ctx.kernels = eps, kernels
+        if norm_weight is None:
+            return kernels.linear(F.gelu(hidden), fc2_weight, fc2_bias)
         if keep is None:
             return kernels.linear_residual(F.gelu(hidden), fc2_weight, fc2_bias, x)
         return torch.addcmul(x, kernels.linear(F.gelu(hidden), fc2_weight, fc2_bias), keep)
@@ -146,7 +162,10 @@ class _NormMLP(torch.autograd.Function):
         grad_fc2_bias = kernels.bias_grad(g, 0, dtype=fc2_weight.dtype)
         grad_hidden = gelu_backward_(kernels.grad_input(
             g, fc2_weight if fc2_weight.dtype == dtype else fc2_weight.to(dtype)), hidden)
-        y, mean, rstd = _layer_norm(x, shape, norm_weight, norm_bias, ctx.eps)
+        if norm_weight is None:
+            y = x
+        else:
+            y, mean, rstd = _layer_norm(x, shape, norm_weight, norm_bias, ctx.eps)
         if y.dtype != dtype:
             y = y.to(dtype)
         grad_fc1_weight = grad_hidden.t().mm(y.view(-1, shape[0]))
@@ -155,25 +174,40 @@ class _NormMLP(torch.autograd.Function):
                                     else fc1_weight.to(dtype)).view(x.shape)
         if grad_y.dtype != x.dtype:
             grad_y = grad_y.to(x.dtype)
-        needs = ctx.needs_input_grad
-        grad_x, grad_norm_weight, grad_norm_bias = _layer_norm_backward(
-            grad_y, x, shape, mean, rstd, norm_weight, norm_bias, [True, needs[1], needs[2]])
         if grad_fc1_weight.dtype != fc1_weight.dtype:
             grad_fc1_weight = grad_fc1_weight.to(fc1_weight.dtype)
             grad_fc2_weight = grad_fc2_weight.to(fc2_weight.dtype)
-        return (grad_x.add_(grad), grad_norm_weight, grad_norm_bias, None, grad_fc1_weight,
+        needs = ctx.needs_input_grad
+        if norm_weight is None:  # the branch alone: no residual
+            grad_x, grad_norm_weight, grad_norm_bias = grad_y, None, None
+        else:
+            grad_x, grad_norm_weight, grad_norm_bias = _layer_norm_backward(
+                grad_y, x, shape, mean, rstd, norm_weight, norm_bias, [True, needs[1], needs[2]])
+            grad_x.add_(grad)
+        return (grad_x, grad_norm_weight, grad_norm_bias, None, grad_fc1_weight,
                 grad_fc1_bias, grad_fc2_weight, grad_fc2_bias, None, None)
 
 
-def _add_residual(x: Tensor, out: Tensor) -> Tensor:
-    """``x + out`` into out, which nothing else holds, where their dtypes agree."""
-    return out.add_(x) if out.dtype == x.dtype else x + out
+def _add_branch(x: Tensor, branch: Tensor, keep: Optional[Tensor],
+                post_norm: Optional[tuple]) -> Tensor:
+    """``x + keep * post_norm(branch)`` (``post_norm`` = (weight, bias, eps) or None, ``keep``
+    drop path's draw or None), in stock autograd; into branch, which nothing else holds, at
+    inference where their dtypes agree."""
+    if post_norm is not None:
+        branch = F.layer_norm(branch, branch.shape[-1:], *post_norm)
+    if keep is not None:
+        return torch.addcmul(x, branch, keep)
+    if torch.is_grad_enabled() or branch.dtype != x.dtype:
+        return x + branch
+    return branch.add_(x)
 
 
 def attention_half(x: Tensor, plan, heads: int, scale: float, bias: Tensor,
                    norm1: Tuple[Tensor, Tensor, float], qkv: Tuple[Tensor, Optional[Tensor]],
                    proj: Tuple[Tensor, Tensor], drop_prob: float = 0.,
-                   kernels: Optional['BlockKernels'] = None) -> Tensor:
+                   kernels: Optional['BlockKernels'] = None, post_norm: bool = False,
+                   logit_scale: Optional[Tensor] = None, attn_drop: float = 0.,
+                   proj_drop: float = 0.) -> Tensor:
     """``x + drop_path(proj(attention(windows(norm1(x)))))``: [B, H*W, C] -> [B, H*W, C].
 
     Args:
@@ -184,35 +218,63 @@ def attention_half(x: Tensor, plan, heads: int, scale: float, bias: Tensor,
         drop_prob: the probability that drop path drops an image's branch (mmcv's DropPath in
             training: :func:`drop_path_keep`; 0 in eval mode).
         kernels: :data:`GENERIC` (default) or :data:`CPU`.
+        post_norm: SwinV2's res-post-norm, ``x + drop_path(norm1(proj(attention(windows(x)))))``.
+        logit_scale: SwinV2's cosine attention ([heads, 1, 1], ``scaled_cosine_query_key``);
+            ``scale`` is then unused.
+        attn_drop, proj_drop: dropout on the attention probabilities and on the projection's
+            output (training only; their probabilities, 0 for none).
     """
     kernels = kernels or GENERIC
     index, zeros = plan.window_index()
+    pre = None if post_norm else norm1
     if torch.is_grad_enabled():
-        qkv_out = apply_function(_NormWindowsQKV, x, *norm1, index, zeros, plan.scatter, *qkv,
-                                 kernels)
+        qkv_out = apply_function(_NormWindowsQKV, x, *(pre or (None, None, 0.)), index, zeros,
+                                 plan.scatter, *qkv, kernels)
     else:  # each intermediate let go as soon as the next is made
-        qkv_out = kernels.linear(_gather(_layer_norm(x, x.shape[-1:], norm1[0], norm1[1],
-                                                     norm1[2])[0], index, zeros), *qkv)
-    out = kernels.attention(qkv_out, heads, bias, plan, scale)
-    keep = drop_path_keep(x.shape[0], drop_prob, out.dtype, x.device) if drop_prob else None
-    return kernels.project(out, proj, x, keep, plan, index, zeros)
+        qkv_out = kernels.linear(_gather(_pre_norm(x, pre), index, zeros), *qkv)
+    out = kernels.attention(qkv_out, heads, bias, plan, scale, logit_scale, attn_drop)
+    if not drop_prob and not post_norm and not proj_drop:  # the product adds the residual
+        return kernels.project(out, proj, plan, index, zeros, x)
+    branch = kernels.project(out, proj, plan, index, zeros, None)
+    if proj_drop:
+        branch = F.dropout(branch, proj_drop)
+    # drawn after the dropouts, as the modules draw them
+    keep = drop_path_keep(x.shape[0], drop_prob, branch.dtype, x.device) if drop_prob else None
+    return _add_branch(x, branch, keep, norm1 if post_norm else None)
 
 
 def ffn_half(x: Tensor, norm2: Tuple[Tensor, Tensor, float], fc1: Tuple[Tensor, Tensor],
              fc2: Tuple[Tensor, Tensor], drop_prob: float = 0.,
-             kernels: Optional['BlockKernels'] = None) -> Tensor:
-    """``x + drop_path(fc2(gelu(fc1(norm2(x)))))``: [B, H*W, C] -> [B, H*W, C]; the arguments
-    as :func:`attention_half`'s."""
+             kernels: Optional['BlockKernels'] = None, post_norm: bool = False,
+             ffn_drop: float = 0.) -> Tensor:
+    """``x + drop_path(fc2(gelu(fc1(norm2(x)))))``: [B, H*W, C] -> [B, H*W, C]; with
+    ``post_norm`` (SwinV2) ``x + drop_path(norm2(fc2(gelu(fc1(x)))))``; ``ffn_drop``: dropout
+    after GELU and after fc2 (training only), in stock autograd; the other arguments as
+    :func:`attention_half`'s."""
     kernels = kernels or GENERIC
-    if torch.is_grad_enabled():
-        return apply_function(_NormMLP, x, *norm2, *fc1, *fc2, drop_prob, kernels)
-    # Inference: each intermediate let go as soon as the next is made, GELU in place (or in
-    # the product's epilogue) and the residual added by the product where the kernels can.
-    hidden = kernels.linear_gelu(_layer_norm(x, x.shape[-1:], *norm2)[0], *fc1)
-    if not drop_prob:
-        return kernels.linear_residual(hidden, *fc2, x)
-    keep = drop_path_keep(x.shape[0], drop_prob, hidden.dtype, x.device)
-    return torch.addcmul(x, kernels.linear(hidden, *fc2), keep)
+    pre = None if post_norm else norm2
+    if ffn_drop:
+        hidden = F.dropout(F.gelu(kernels.linear(_pre_norm_autograd(x, pre), *fc1)), ffn_drop)
+        branch = F.dropout(kernels.linear(hidden, *fc2), ffn_drop)
+    elif torch.is_grad_enabled():
+        if not post_norm:
+            return apply_function(_NormMLP, x, *norm2, *fc1, *fc2, drop_prob, kernels)
+        branch = apply_function(_NormMLP, x, None, None, 0., *fc1, *fc2, 0., kernels)
+    else:
+        # Inference: each intermediate let go as soon as the next is made, GELU in place (or
+        # in the product's epilogue) and the residual added by the product where the kernels
+        # can.
+        hidden = kernels.linear_gelu(_pre_norm(x, pre), *fc1)
+        if not drop_prob and not post_norm:
+            return kernels.linear_residual(hidden, *fc2, x)
+        branch = kernels.linear(hidden, *fc2)
+    keep = drop_path_keep(x.shape[0], drop_prob, branch.dtype, x.device) if drop_prob else None
+    return _add_branch(x, branch, keep, norm2 if post_norm else None)
+
+
+def _pre_norm_autograd(x: Tensor, norm: Optional[tuple]) -> Tensor:
+    """:func:`_pre_norm` in stock autograd."""
+    return x if norm is None else F.layer_norm(x, x.shape[-1:], *norm)
 
 
 class BlockKernels(NamedTuple):
@@ -224,8 +286,10 @@ class BlockKernels(NamedTuple):
         without autograd. grad_input(grad, weight): grad @ weight, both in grad's dtype.
         bias_grad(grad, 0, dtype=dtype): grad summed over its rows, in dtype (``torch.sum``'s
         signature).
-        attention(qkv, heads, bias, plan, scale): [B, nW * N, 3C] -> [B * nW, N, C].
-        project(out, proj, x, keep, plan, index, zeros): ``x + keep * proj(out)`` in map order.
+        attention(qkv, heads, bias, plan, scale, logit_scale, dropout_p): [B, nW * N, 3C] ->
+            [B * nW, N, C] (logit_scale: cosine attention, or None).
+        project(out, proj, plan, index, zeros, residual): ``proj(out)`` in map order, plus
+            ``residual`` (added by the product where the kernels can) unless it is None.
     """
     name: str
     linear: Callable
@@ -237,25 +301,28 @@ class BlockKernels(NamedTuple):
     project: Callable
 
 
-def _sdpa_attention(qkv: Tensor, heads: int, bias: Tensor, plan, scale: float) -> Tensor:
+def _sdpa_attention(qkv: Tensor, heads: int, bias: Tensor, plan, scale: float,
+                    logit_scale: Optional[Tensor], dropout_p: float) -> Tensor:
     """One SDPA call for all windows of all images (``attention.generic_window_attention``):
     q, k, v views of the projection [B, nW * N, 3C]."""
     nw = plan.num_windows
     b, length, c3 = qkv.shape
     q, k, v = qkv.view(b * nw, length // nw, 3, heads, c3 // 3 // heads).permute(
         2, 0, 3, 1, 4).unbind(0)  # as window_products.qkv_views, one Python call less
-    return generic_window_attention(q, k, v, bias, plan.mask, scale, 0.0, nw, qkv.dtype, False)
+    if logit_scale is not None:
+        (q, k), scale = scaled_cosine_query_key(q, k, logit_scale), 1.0
+    return generic_window_attention(q, k, v, bias, plan.mask, scale, dropout_p, nw, qkv.dtype,
+                                    False)
 
 
-def _project_in_window_order(out: Tensor, proj, x: Tensor, keep: Optional[Tensor], plan,
-                             index, zeros) -> Tensor:
+def _project_in_window_order(out: Tensor, proj, plan, index, zeros,
+                             residual: Optional[Tensor]) -> Tensor:
     """The projection in window order (it keeps SDPA's output, which SDPA keeps anyway), then
-    back to map order and onto the residual."""
-    b, _, c = x.shape
-    out = _gather(F.linear(out, *proj).view(b, -1, c), plan.scatter, False)
-    if keep is not None:
-        return torch.addcmul(x, out, keep)
-    return x + out if torch.is_grad_enabled() else _add_residual(x, out)
+    back to map order (and onto the residual)."""
+    out = F.linear(out, *proj)
+    out = _gather(out.view(out.shape[0] // plan.num_windows, -1, out.shape[-1]), plan.scatter,
+                  False)
+    return out if residual is None else _add_branch(residual, out, None, None)
 
 
 def _linear_residual(x: Tensor, weight: Tensor, bias: Optional[Tensor],
@@ -283,16 +350,23 @@ def _cast(x: Tensor, weight: Tensor, bias: Optional[Tensor]):
     return weight.to(dtype), None if bias is None else bias.to(dtype)
 
 
-def _project_in_map_order(out: Tensor, proj, x: Tensor, keep: Optional[Tensor], plan, index,
-                          zeros) -> Tensor:
+def _project_in_map_order(out: Tensor, proj, plan, index, zeros,
+                          residual: Optional[Tensor]) -> Tensor:
     """Back to map order first (the window attention op keeps its input, not its output), so
     the projection keeps the reordered output and adds the residual itself
     (``ops.recompute.linear_keeping_input``: its weight cast made again in backward)."""
-    b, _, c = x.shape
-    out = gather_tokens(out.view(b, -1, c), plan.scatter, index, False, zeros)
-    if keep is None:
-        return linear_keeping_input(out, *proj, x)
-    return torch.addcmul(x, linear_keeping_input(out, *proj), keep)
+    out = gather_tokens(out.view(out.shape[0] // plan.num_windows, -1, out.shape[-1]),
+                        plan.scatter, index, False, zeros)
+    return linear_keeping_input(out, *proj, residual)
+
+
+def _window_attention_op(qkv: Tensor, heads: int, bias: Tensor, plan, scale: float,
+                         logit_scale: Optional[Tensor], dropout_p: float) -> Tensor:
+    """``attention.window_attention_qkv`` (the registered op on the packed projection)."""
+    nw = plan.num_windows
+    return window_attention_qkv(qkv.view(-1, qkv.shape[1] // nw, qkv.shape[2]), heads, bias,
+                                plan.mask, scale, dropout_p, windows_per_image=nw,
+                                logit_scale=logit_scale)
 
 
 CPU = BlockKernels(
@@ -305,10 +379,7 @@ CPU = BlockKernels(
     # once, where sum(dtype=float32) first casts the whole gradient (12x slower on [32768,
     # 384], Xeon with AMX).
     bias_grad=lambda grad, dim, dtype: grad.sum(dim).to(dtype),
-    attention=lambda qkv, heads, bias, plan, scale: window_attention_qkv(
-        qkv.view(-1, qkv.shape[1] // plan.num_windows, qkv.shape[2]), heads, bias, plan.mask,
-        scale, windows_per_image=plan.num_windows),
-    project=_project_in_map_order)
+    attention=_window_attention_op, project=_project_in_map_order)
 
 KERNELS = {'generic': GENERIC, 'cpu': CPU}
 
@@ -325,15 +396,18 @@ def _neighbourhoods(x: Tensor, h: int, w: int) -> Tensor:
 
 
 class _MergeNormReduce(torch.autograd.Function):
-    """``linear(layer_norm(neighbourhoods(x)), weight)``, the patch merging of a stage: keeps
-    x (the stage output, which the output norm keeps anyway), and recomputes the
-    neighbourhoods and the norm (its statistics too) in backward."""
+    """``linear(layer_norm(neighbourhoods(x)), weight)`` (no norm where ``norm_weight`` is
+    None: SwinV2's norms the reduction instead), the patch merging of a stage: keeps x (the
+    stage output, which the output norm keeps anyway), and recomputes the neighbourhoods and
+    the norm (its statistics too) in backward."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, h: int, w: int, norm_weight: Tensor, norm_bias: Tensor,
-                eps: float, weight: Tensor, kernels: BlockKernels) -> Tensor:
+    def forward(ctx, x: Tensor, h: int, w: int, norm_weight: Optional[Tensor],
+                norm_bias: Optional[Tensor], eps: float, weight: Tensor,
+                kernels: BlockKernels) -> Tensor:
         t = _neighbourhoods(x, h, w)
-        y = _layer_norm(t, t.shape[-1:], norm_weight, norm_bias, eps)[0]
+        y = t if norm_weight is None else _layer_norm(t, t.shape[-1:], norm_weight, norm_bias,
+                                                      eps)[0]
         ctx.save_for_backward(x, norm_weight, norm_bias, weight)
         ctx.hw, ctx.eps, ctx.kernels = (h, w), eps, kernels
         return kernels.linear(y, weight, None)
@@ -344,7 +418,10 @@ class _MergeNormReduce(torch.autograd.Function):
         (h, w), dtype = ctx.hw, grad.dtype
         t = _neighbourhoods(x, h, w)
         b, length, c4 = t.shape
-        y, mean, rstd = _layer_norm(t, t.shape[-1:], norm_weight, norm_bias, ctx.eps)
+        if norm_weight is None:
+            y = t
+        else:
+            y, mean, rstd = _layer_norm(t, t.shape[-1:], norm_weight, norm_bias, ctx.eps)
         if y.dtype != dtype:
             y = y.to(dtype)
         grad = grad.reshape(-1, grad.shape[-1])
@@ -354,9 +431,12 @@ class _MergeNormReduce(torch.autograd.Function):
         if grad_y.dtype != t.dtype:
             grad_y = grad_y.to(t.dtype)
         needs = ctx.needs_input_grad
-        grad_t, grad_norm_weight, grad_norm_bias = _layer_norm_backward(
-            grad_y, t, t.shape[-1:], mean, rstd, norm_weight, norm_bias,
-            [needs[0], needs[3], needs[4]])
+        if norm_weight is None:
+            grad_t, grad_norm_weight, grad_norm_bias = grad_y, None, None
+        else:
+            grad_t, grad_norm_weight, grad_norm_bias = _layer_norm_backward(
+                grad_y, t, t.shape[-1:], mean, rstd, norm_weight, norm_bias,
+                [needs[0], needs[3], needs[4]])
         grad_x = None
         if grad_t is not None:  # the neighbourhoods' gradient back in map order, cropped
             c, hh, ww = c4 // 4, (h + 1) // 2, (w + 1) // 2
@@ -370,12 +450,12 @@ class _MergeNormReduce(torch.autograd.Function):
         return grad_x, None, None, grad_norm_weight, grad_norm_bias, None, grad_weight, None
 
 
-def patch_merge(x: Tensor, hw: Tuple[int, int], norm: Tuple[Tensor, Tensor, float],
+def patch_merge(x: Tensor, hw: Tuple[int, int], norm: Optional[Tuple[Tensor, Tensor, float]],
                 weight: Tensor, kernels: BlockKernels = GENERIC) -> Tensor:
     """A stride-2 patch merging: [B, H*W, C] -> [B, H'*W', C_out], each 2x2 neighbourhood
-    concatenated, normalised (LayerNorm ``norm``: weight, bias, eps) and reduced by ``weight``
-    [C_out, 4C] (no bias), with the block's kernels."""
+    concatenated, normalised (LayerNorm ``norm``: weight, bias, eps; None: not normalised) and
+    reduced by ``weight`` [C_out, 4C] (no bias), with the block's kernels."""
     if torch.is_grad_enabled():
-        return apply_function(_MergeNormReduce, x, hw[0], hw[1], *norm, weight, kernels)
-    t = _neighbourhoods(x, hw[0], hw[1])
-    return kernels.linear(_layer_norm(t, t.shape[-1:], *norm)[0], weight, None)
+        return apply_function(_MergeNormReduce, x, hw[0], hw[1], *(norm or (None, None, 0.)),
+                              weight, kernels)
+    return kernels.linear(_pre_norm(_neighbourhoods(x, hw[0], hw[1]), norm), weight, None)
