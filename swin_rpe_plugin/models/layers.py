@@ -13,12 +13,12 @@ import torch.utils.checkpoint as cp
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmcv.cnn.bricks.drop import DropPath
 from mmcv.cnn.bricks.transformer import build_dropout
+from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 
 from ..compat import has_forward_hooks, is_compiling, plan_outside_graph
 from ..ops import (WindowPlan, cached_window_plan, gather_relative_position_bias,
-                   gather_tokens, gelu_grad_in_place, linear, linear_keeping_input,
-                   linear_residual, linear_with_recomputed_input, relative_position_index,
+                   gather_tokens, linear, linear_with_recomputed_input, relative_position_index,
                    table_rows, to_window_tuple, traceable_window_plan, window_attention_qkv)
 from ..ops.dispatch import autocast_context, compute_dtype, is_tracing
 from ..ops.block import KERNELS, attention_half, ffn_half, patch_merge
@@ -184,6 +184,8 @@ class WindowMSA(nn.Module):
         # Derived from the window size, so never saved and never read from a checkpoint.
         self.register_buffer('relative_position_index',
                              relative_position_index(self.window_size), persistent=False)
+        # Cosine attention's learned logit scale (SwinV2's parameter); None: dot products.
+        self.logit_scale = None
         self.init_position_bias()
         self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
@@ -195,9 +197,17 @@ class WindowMSA(nn.Module):
         self.relative_position_bias_table = nn.Parameter(
             torch.zeros(table_rows(self.window_size), self.num_heads))
 
+    def reset_parameters(self) -> None:
+        """The reference init of what is not a Linear: the table truncated normal (std 0.02)."""
+        trunc_normal_(self.relative_position_bias_table, std=0.02)
+
     def qkv_projection_bias(self) -> Optional[Tensor]:
         """Bias of the qkv projection [3C] (SwinV2 overrides: no bias on k)."""
         return self.qkv.bias
+
+    def qkv_bias_sources(self) -> list:
+        """The parameters :meth:`qkv_projection_bias` is made of."""
+        return [self.qkv.bias]
 
     def query_key(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor, float]:
         """(q, k, logit scale) as attention takes them (SwinV2 overrides: cosine attention);
@@ -231,7 +241,7 @@ class WindowMSA(nn.Module):
                                     self.scale, self.attn_drop_rate if self.training else 0.0,
                                     fused=self.fused_attention,
                                     windows_per_image=windows_per_image,
-                                    logit_scale=getattr(self, 'logit_scale', None))
+                                    logit_scale=self.logit_scale)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # mmdet/mmseg/official checkpoints save the index; ours is rebuilt from the window.
@@ -291,35 +301,24 @@ class ShiftWindowMSA(nn.Module):
             plan = self.plan(hw_shape, None, query)
         n = self.window_size[0] * self.window_size[1]
         index, zeros = plan.window_index()
-
-        def partition(t: Tensor) -> Tensor:
-            # Pad, roll and partition in one gather; padding is zero tokens, as the reference
-            # pads after the norm. Recomputed in backward: qkv keeps the query, not its windows.
-            return gather_tokens(t, index, plan.scatter, zeros, False).view(-1, n, c)
-
-        qkv = linear_with_recomputed_input(query, partition, [], self.w_msa.qkv.weight,
-                                           self.w_msa.qkv_projection_bias())
-        windows = self.w_msa.attention(qkv, plan.mask, plan.num_windows)
+        w_msa = self.w_msa
+        # Pad, roll and partition in one gather; padding is zero tokens, as the reference pads
+        # after the norm.
+        windows = gather_tokens(query, index, plan.scatter, zeros, False).view(-1, n, c)
+        qkv = linear(windows, w_msa.qkv.weight, w_msa.qkv_projection_bias())
+        windows = w_msa.attention(qkv, plan.mask, plan.num_windows)
         # Tokens back in map order before the projection (a per-token map, so the order is
         # free): padding is dropped first.
         x = gather_tokens(windows.view(b, -1, c), plan.scatter, index, False, zeros)
-        proj = self.w_msa.proj
-        x = self.w_msa.proj_drop(linear_keeping_input(x, proj.weight, proj.bias))
+        x = w_msa.proj_drop(linear(x, w_msa.proj.weight, w_msa.proj.bias))
         return self.drop(x if post_norm is None else post_norm(x))
-
-
-def _drops(*layers: nn.Module) -> bool:
-    """Whether any of these dropout / drop-path layers changes its input now."""
-    return any(layer.training and getattr(layer, 'p', getattr(layer, 'drop_prob', 0)) > 0
-               for layer in layers)
 
 
 class FFN(nn.Module):
     """fc1 -> act -> dropout -> fc2 -> dropout, then drop path and the residual.
 
     The module and parameter names of mmcv's ``FFN`` (``layers.0.0``, ``layers.1``), so
-    checkpoints match; the inputs of fc1 (the norm) and fc2 (the activation) are recomputed in
-    backward instead of kept when there is no dropout between them.
+    checkpoints match.
     """
 
     def __init__(self, embed_dims: int, feedforward_channels: int, act_cfg: dict,
@@ -344,29 +343,16 @@ class FFN(nn.Module):
         # indexed, not unpacked: dynamo on torch 2.1 breaks its graph on unpacking a module
         first, fc2, drop2 = self.layers[0], self.layers[1], self.layers[2]
         fc1, act, drop1 = first[0], first[1], first[2]
-        post_norm = post_norm if post_norm is not None else _IDENTITY
-        # Without a post-norm and with nothing dropped, fc2 adds the residual itself.
-        fused = type(post_norm) is nn.Identity and not _drops(self.dropout_layer)
-        dropping = _drops(drop1, drop2)
-        if not torch.is_grad_enabled() and _is_exact_gelu(act) and not dropping:
-            hidden = linear(x, fc1.weight, fc1.bias, gelu=True)  # inference: GELU fused
-            if fused:
-                return linear_residual(hidden, fc2.weight, fc2.bias, identity)
-            out = linear(hidden, fc2.weight, fc2.bias)
-            return identity + self.dropout_layer(post_norm(out))
-        hidden = linear(x, fc1.weight, fc1.bias)
-        if not dropping:
-            # Exact GELU's gradient is written over fc2's input gradient (no autograd graph).
-            out = linear_with_recomputed_input(
-                hidden, act, affine_tensors(act), fc2.weight, fc2.bias,
-                residual=identity if fused else None,
-                prefix_grad_in_place=gelu_grad_in_place if _is_exact_gelu(act) else None)
-            return out if fused else identity + self.dropout_layer(post_norm(out))
-        out = drop2(fc2(drop1(act(hidden))))
-        return identity + self.dropout_layer(post_norm(out))
+        if not torch.is_grad_enabled() and _is_exact_gelu(act) and not (
+                drop1.training and drop1.p):
+            hidden = linear(x, fc1.weight, fc1.bias, gelu=True)  # GELU in the product's epilogue
+        else:
+            hidden = drop1(act(linear(x, fc1.weight, fc1.bias)))
+        out = drop2(linear(hidden, fc2.weight, fc2.bias))
+        return identity + self.dropout_layer(out if post_norm is None else post_norm(out))
 
 
-# The FFN's absent post-norm: one shared module (dynamo on torch 2.1 breaks its graph on a
+# A patch merging's absent prefix: one shared module (dynamo on torch 2.1 breaks its graph on a
 # module built in forward).
 _IDENTITY = nn.Identity()
 
@@ -379,29 +365,30 @@ class SwinBlock(nn.Module):
     """norm -> (S)W-MSA -> residual -> norm -> FFN -> residual.
 
     With ``post_norm`` (SwinV2's res-post-norm): (S)W-MSA -> norm -> residual -> FFN -> norm ->
-    residual; ``w_msa`` is then the caller's window attention (see ShiftWindowMSA).
+    residual. ``attention_options``: further arguments of the window attention.
     """
-    # The window attention ops.block's halves compute for this block class (SwinV2: its own).
+    # The window attention this block class builds, which ops.block's halves compute.
     window_attention_class = WindowMSA
+    post_norm = False
 
     def __init__(self, embed_dims: int, num_heads: int, feedforward_channels: int,
                  window_size=7, shift: bool = False, qkv_bias: bool = True,
                  qk_scale: Optional[float] = None, drop_rate: float = 0.,
                  attn_drop_rate: float = 0., drop_path_rate: float = 0.,
                  act_cfg: Optional[dict] = None, norm_cfg: Optional[dict] = None,
-                 with_cp: bool = False, fused_attention: bool = True, post_norm: bool = False,
-                 w_msa: Optional[WindowMSA] = None):
+                 with_cp: bool = False, fused_attention: bool = True, **attention_options):
         super().__init__()
         window = to_window_tuple(window_size)
         self.with_cp = with_cp
-        self.post_norm = post_norm
         self.shift_size = (window[0] // 2, window[1] // 2) if shift else (0, 0)
         norm_cfg = norm_cfg or dict(type='LN')
         drop_path = dict(type='DropPath', drop_prob=drop_path_rate)
         self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
-        self.attn = ShiftWindowMSA(embed_dims, num_heads, window, self.shift_size, qkv_bias,
-                                   qk_scale, attn_drop_rate, drop_rate, drop_path,
-                                   fused_attention, w_msa)
+        w_msa = self.window_attention_class(embed_dims, num_heads, window, qkv_bias, qk_scale,
+                                            attn_drop_rate, drop_rate, fused_attention,
+                                            **attention_options)
+        self.attn = ShiftWindowMSA(embed_dims, num_heads, window, self.shift_size,
+                                   dropout_layer=drop_path, w_msa=w_msa)
         self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
         self.ffn = FFN(embed_dims, feedforward_channels, act_cfg or dict(type='GELU'),
                        drop_rate, drop_path)
@@ -489,17 +476,16 @@ class SwinBlock(nn.Module):
         if not torch.is_grad_enabled():
             dtype = compute_dtype(x)
             if dtype != linears[0].dtype:  # inference under autocast: the last call's casts
-                # (SwinV2's qkv bias is made from q_bias and v_bias at each call: they key it)
+                # keyed by what the qkv bias is made of (SwinV2 makes it at each call)
                 linears = self._kept_casts.get(
-                    sources_key(linears + [getattr(w_msa, 'q_bias', None),
-                                           getattr(w_msa, 'v_bias', None)], dtype),
+                    sources_key(linears[:1] + linears[2:] + w_msa.qkv_bias_sources(), dtype),
                     lambda: [None if t is None else t.detach().to(dtype) for t in linears])
         # The generic kernels broadcast the gathered bias as it is (a permuted view).
         bias = w_msa.relative_position_bias(False, kernels.name != 'generic')
         post_norm = self.post_norm
         return ((plan, w_msa.num_heads, w_msa.scale, bias, (norm1.weight, norm1.bias, norm1.eps),
                  linears[0:2], linears[2:4], drop_attn, kernels, post_norm,
-                 getattr(w_msa, 'logit_scale', None), dropouts[0], dropouts[1]),
+                 w_msa.logit_scale, dropouts[0], dropouts[1]),
                 ((norm2.weight, norm2.bias, norm2.eps), linears[4:6], linears[6:8], drop_ffn,
                  kernels, post_norm, dropouts[2]))
 

@@ -140,7 +140,7 @@ class SwinTransformer(BaseModule):
                          out_indices, frozen_stages, mlp_ratio,
                          dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
                               drop_path_rate=drop_path_rate))
-        num_layers = len(depths)
+        self.num_layers = num_layers = len(depths)
         patch = to_window_tuple(patch_size, 'patch_size')
         if isinstance(pretrain_img_size, tuple) and len(pretrain_img_size) == 1:
             pretrain_img_size = pretrain_img_size * 2  # (224,) means square, as in mmseg/mmdet
@@ -256,7 +256,7 @@ class SwinTransformer(BaseModule):
             elif isinstance(m, nn.LayerNorm):
                 constant_init(m, 1.0)
             elif isinstance(m, WindowMSA):
-                trunc_normal_(m.relative_position_bias_table, std=0.02)
+                m.reset_parameters()
 
     def forward(self, x: Tensor, valid_sizes=None) -> List[Tensor]:
         """[B, in_channels, H, W] -> list of [B, C_i, H_i, W_i], one per out index.

@@ -28,7 +28,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn as nn
 from mmcv.cnn import build_norm_layer
-from mmengine.model.weight_init import constant_init, trunc_normal_, trunc_normal_init
+from mmengine.model.weight_init import constant_init
 from torch import Tensor
 
 from ..compat import is_compiling
@@ -37,7 +37,7 @@ from ..ops import (continuous_position_bias, log_spaced_relative_coords,
 from ..ops.kept import sources_key
 from ..registry import MODELS
 from .layers import PatchMerging, SwinBlock, WindowMSA
-from .swin import SwinTransformer, _as_tuple
+from .swin import SwinTransformer
 
 
 class WindowMSAV2(WindowMSA):
@@ -46,8 +46,12 @@ class WindowMSAV2(WindowMSA):
     cpb_hidden_dims = 512
 
     def __init__(self, embed_dims: int, num_heads: int, window_size, qkv_bias: bool = True,
-                 attn_drop_rate: float = 0., proj_drop_rate: float = 0.,
-                 fused_attention: bool = True, pretrained_window_size=0):
+                 qk_scale: Optional[float] = None, attn_drop_rate: float = 0.,
+                 proj_drop_rate: float = 0., fused_attention: bool = True,
+                 pretrained_window_size=0):
+        if qk_scale is not None:
+            raise ValueError(f'qk_scale={qk_scale!r} does not apply to SwinV2: cosine attention '
+                             'learns its own logit scale; leave it None')
         # qkv without bias: V2 learns q and v biases only (k's would not cancel under the
         # cosine normalisation, and the reference has none).
         super().__init__(embed_dims, num_heads, window_size, False, None, attn_drop_rate,
@@ -69,6 +73,9 @@ class WindowMSAV2(WindowMSA):
         if self.q_bias is None:
             return None
         return torch.cat([self.q_bias, torch.zeros_like(self.v_bias), self.v_bias])
+
+    def qkv_bias_sources(self) -> list:
+        return [self.q_bias, self.v_bias]
 
     def query_key(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor, float]:
         q, k = scaled_cosine_query_key(q, k, self.logit_scale)
@@ -106,22 +113,10 @@ class WindowMSAV2(WindowMSA):
 
 
 class SwinBlockV2(SwinBlock):
-    """(S)W-MSA -> norm -> residual -> FFN -> norm -> residual (res-post-norm)."""
+    """(S)W-MSA -> norm -> residual -> FFN -> norm -> residual (res-post-norm); the attention
+    options: ``pretrained_window_size`` (see :class:`WindowMSAV2`)."""
     window_attention_class = WindowMSAV2
-
-    def __init__(self, embed_dims: int, num_heads: int, feedforward_channels: int,
-                 window_size=8, shift: bool = False, qkv_bias: bool = True,
-                 qk_scale: Optional[float] = None, drop_rate: float = 0.,
-                 attn_drop_rate: float = 0., drop_path_rate: float = 0.,
-                 act_cfg: Optional[dict] = None, norm_cfg: Optional[dict] = None,
-                 with_cp: bool = False, fused_attention: bool = True,
-                 pretrained_window_size=0):
-        # qk_scale is accepted for the shared stage signature; cosine attention has its own.
-        w_msa = WindowMSAV2(embed_dims, num_heads, window_size, qkv_bias, attn_drop_rate,
-                            drop_rate, fused_attention, pretrained_window_size)
-        super().__init__(embed_dims, num_heads, feedforward_channels, window_size, shift,
-                         qkv_bias, None, drop_rate, attn_drop_rate, drop_path_rate, act_cfg,
-                         norm_cfg, with_cp, fused_attention, post_norm=True, w_msa=w_msa)
+    post_norm = True
 
 
 class PatchMergingV2(PatchMerging):
@@ -150,43 +145,25 @@ class SwinTransformerV2(SwinTransformer):
     block_class = SwinBlockV2
     merging_class = PatchMergingV2
 
-    def __init__(self,
-                 pretrain_img_size=256,
-                 in_channels=3,
-                 embed_dims=96,
-                 patch_size=4,
-                 window_size=8,
-                 mlp_ratio=4,
-                 depths=(2, 2, 6, 2),
-                 num_heads=(3, 6, 12, 24),
-                 strides=(4, 2, 2, 2),
-                 out_indices=(0, 1, 2, 3),
-                 qkv_bias=True,
-                 drop_rate=0.,
-                 attn_drop_rate=0.,
-                 drop_path_rate=0.1,
-                 use_abs_pos_embed=False,
-                 act_cfg=dict(type='GELU'),
-                 norm_cfg=dict(type='LN'),
-                 with_cp=False,
-                 pretrained=None,
-                 frozen_stages=-1,
-                 init_cfg=None,
-                 mask_padding=False,
-                 fused_attention=True,
-                 pretrained_window_size=0):
-        # Resolved first: _block_options reads it while the base class builds the stages.
-        self.pretrained_window_sizes = pretrained_windows_per_stage(
-            pretrained_window_size, window_size, len(_as_tuple(depths, 'depths')))
-        super().__init__(
-            pretrain_img_size=pretrain_img_size, in_channels=in_channels, embed_dims=embed_dims,
-            patch_size=patch_size, window_size=window_size, mlp_ratio=mlp_ratio, depths=depths,
-            num_heads=num_heads, strides=strides, out_indices=out_indices, qkv_bias=qkv_bias,
-            qk_scale=None, patch_norm=True, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
-            drop_path_rate=drop_path_rate, use_abs_pos_embed=use_abs_pos_embed,
-            act_cfg=act_cfg, norm_cfg=norm_cfg, with_cp=with_cp, pretrained=pretrained,
-            frozen_stages=frozen_stages, init_cfg=init_cfg, mask_padding=mask_padding,
-            fused_attention=fused_attention)
+    def __init__(self, pretrain_img_size=256, window_size=8, pretrained_window_size=0,
+                 **kwargs):
+        """The defaults are SwinV2-T's (mmpretrain's and the paper's); ``kwargs`` are
+        :class:`SwinTransformer`'s, with its defaults."""
+        unsupported = sorted({'qk_scale', 'patch_norm', 'convert_weights'} & set(kwargs))
+        if unsupported:
+            raise TypeError(f'SwinTransformerV2 does not take {", ".join(unsupported)} '
+                            '(cosine attention has its own scale, the patch norm is always on, '
+                            'checkpoints are converted on load): remove it')
+        # Resolved per stage by _block_options while the base class builds the stages.
+        self.pretrained_window_size = pretrained_window_size
+        super().__init__(pretrain_img_size=pretrain_img_size, window_size=window_size,
+                         **kwargs)
+
+    @property
+    def pretrained_window_sizes(self) -> Tuple[Tuple[int, int], ...]:
+        """One (h, w) pretrained window per stage (:func:`pretrained_windows_per_stage`)."""
+        return pretrained_windows_per_stage(self.pretrained_window_size, self.window_size,
+                                            self.num_layers)
 
     def _block_options(self, stage: int) -> dict:
         return dict(pretrained_window_size=self.pretrained_window_sizes[stage])
@@ -203,22 +180,12 @@ class SwinTransformerV2(SwinTransformer):
     def init_weights(self) -> None:
         """The reference init (post-norms at zero, so blocks start as identities), or load
         ``init_cfg`` 'Pretrained'."""
-        if self.init_cfg is not None:
-            super().init_weights()
-            return
-        if self.use_abs_pos_embed:
-            trunc_normal_(self.absolute_pos_embed, std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_init(m, std=.02, bias=0.)
-            elif isinstance(m, nn.LayerNorm):
-                constant_init(m, 1.0)
-            elif isinstance(m, WindowMSAV2):
-                m.reset_parameters()
-        for stage in self.stages:
-            for block in stage.blocks:
-                constant_init(block.norm1, 0.0)
-                constant_init(block.norm2, 0.0)
+        super().init_weights()
+        if self.init_cfg is None:
+            for stage in self.stages:
+                for block in stage.blocks:
+                    constant_init(block.norm1, 0.0)
+                    constant_init(block.norm2, 0.0)
 
 
 def pretrained_windows_per_stage(pretrained_window_size, window_size, num_stages: int

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..compat import apply_function, gelu_backward_
-from .attention import generic_window_attention, window_attention_qkv
+from .attention import generic_window_attention, split_qkv, window_attention_qkv
 from .continuous_position import scaled_cosine_query_key
 from .dispatch import compute_dtype
 from .linear import linear, linear_residual
@@ -72,10 +72,8 @@ def drop_path_keep(batch: int, drop_prob: float, dtype: torch.dtype, device) -> 
     return keep.add_(keep_prob).floor_().div_(keep_prob)
 
 
-def _pre_norm(x: Tensor, norm: Optional[tuple]) -> Tensor:
-    """layer_norm(x) with ``norm`` = (weight, bias, eps); x itself where norm is None (SwinV2's
-    halves norm their outputs instead)."""
-    return x if norm is None else _layer_norm(x, x.shape[-1:], *norm)[0]
+# The Functions below are written for the host's work per call (each Python call is time a
+# GPU waits for): casts and optional norms inline, no helper frames.
 
 
 class _NormWindowsQKV(torch.autograd.Function):
@@ -97,33 +95,25 @@ class _NormWindowsQKV(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         x, norm_weight, norm_bias, weight, index, scatter = ctx.saved_tensors
         dtype, shape, kernels = grad.dtype, x.shape[-1:], ctx.kernels
-        c = shape[0]
-        if norm_weight is None:
-            y = x
-        else:
-            y, mean, rstd = _layer_norm(x, shape, norm_weight, norm_bias, ctx.eps)
+        y, mean, rstd = (x, None, None) if norm_weight is None else _layer_norm(
+            x, shape, norm_weight, norm_bias, ctx.eps)
         windows = _gather(y, index, ctx.zeros)
         del y
         if windows.dtype != dtype:
             windows = windows.to(dtype)
         grad = grad.reshape(-1, grad.shape[-1])
-        grad_weight = grad.t().mm(windows.view(-1, c))
+        grad_weight = grad.t().mm(windows.view(-1, shape[0]))
         grad_bias = kernels.bias_grad(grad, 0, dtype=weight.dtype) if ctx.has_bias else None
-        grad_windows = kernels.grad_input(grad, weight if weight.dtype == dtype
-                                          else weight.to(dtype))
-        grad_y = _gather(grad_windows.view(x.shape[0], -1, c), scatter, False)
+        grad_y = _gather(kernels.grad_input(grad, weight if weight.dtype == dtype else weight.to(
+            dtype)).view(x.shape[0], -1, shape[0]), scatter, False)
         if grad_y.dtype != x.dtype:
             grad_y = grad_y.to(x.dtype)
         needs = ctx.needs_input_grad
-        if norm_weight is None:
-            grad_x, grad_norm_weight, grad_norm_bias = grad_y, None, None
-        else:
-            grad_x, grad_norm_weight, grad_norm_bias = _layer_norm_backward(
-                grad_y, x, shape, mean, rstd, norm_weight, norm_bias, [needs[0], needs[1],
-                                                                      needs[2]])
-        if grad_weight.dtype != weight.dtype:
-            grad_weight = grad_weight.to(weight.dtype)
-        return (grad_x, grad_norm_weight, grad_norm_bias, None, None, None, None, grad_weight,
+        grad_x, grad_norm_weight, grad_norm_bias = (grad_y, None, None) if norm_weight is None \
+            else _layer_norm_backward(grad_y, x, shape, mean, rstd, norm_weight, norm_bias,
+                                      [needs[0], needs[1], needs[2]])
+        return (grad_x, grad_norm_weight, grad_norm_bias, None, None, None, None,
+                grad_weight if grad_weight.dtype == weight.dtype else grad_weight.to(weight.dtype),
                 grad_bias, None)
 
 
@@ -162,10 +152,8 @@ class _NormMLP(torch.autograd.Function):
         grad_fc2_bias = kernels.bias_grad(g, 0, dtype=fc2_weight.dtype)
         grad_hidden = gelu_backward_(kernels.grad_input(
             g, fc2_weight if fc2_weight.dtype == dtype else fc2_weight.to(dtype)), hidden)
-        if norm_weight is None:
-            y = x
-        else:
-            y, mean, rstd = _layer_norm(x, shape, norm_weight, norm_bias, ctx.eps)
+        y, mean, rstd = (x, None, None) if norm_weight is None else _layer_norm(
+            x, shape, norm_weight, norm_bias, ctx.eps)
         if y.dtype != dtype:
             y = y.to(dtype)
         grad_fc1_weight = grad_hidden.t().mm(y.view(-1, shape[0]))
@@ -177,14 +165,13 @@ class _NormMLP(torch.autograd.Function):
         if grad_fc1_weight.dtype != fc1_weight.dtype:
             grad_fc1_weight = grad_fc1_weight.to(fc1_weight.dtype)
             grad_fc2_weight = grad_fc2_weight.to(fc2_weight.dtype)
+        if norm_weight is None:  # SwinV2's branch alone: no norm, no residual
+            return (grad_y, None, None, None, grad_fc1_weight, grad_fc1_bias, grad_fc2_weight,
+                    grad_fc2_bias, None, None)
         needs = ctx.needs_input_grad
-        if norm_weight is None:  # the branch alone: no residual
-            grad_x, grad_norm_weight, grad_norm_bias = grad_y, None, None
-        else:
-            grad_x, grad_norm_weight, grad_norm_bias = _layer_norm_backward(
-                grad_y, x, shape, mean, rstd, norm_weight, norm_bias, [True, needs[1], needs[2]])
-            grad_x.add_(grad)
-        return (grad_x, grad_norm_weight, grad_norm_bias, None, grad_fc1_weight,
+        grad_x, grad_norm_weight, grad_norm_bias = _layer_norm_backward(
+            grad_y, x, shape, mean, rstd, norm_weight, norm_bias, [True, needs[1], needs[2]])
+        return (grad_x.add_(grad), grad_norm_weight, grad_norm_bias, None, grad_fc1_weight,
                 grad_fc1_bias, grad_fc2_weight, grad_fc2_bias, None, None)
 
 
@@ -231,7 +218,8 @@ def attention_half(x: Tensor, plan, heads: int, scale: float, bias: Tensor,
         qkv_out = apply_function(_NormWindowsQKV, x, *(pre or (None, None, 0.)), index, zeros,
                                  plan.scatter, *qkv, kernels)
     else:  # each intermediate let go as soon as the next is made
-        qkv_out = kernels.linear(_gather(_pre_norm(x, pre), index, zeros), *qkv)
+        qkv_out = kernels.linear(_gather(x if pre is None else _layer_norm(
+            x, x.shape[-1:], *pre)[0], index, zeros), *qkv)
     out = kernels.attention(qkv_out, heads, bias, plan, scale, logit_scale, attn_drop)
     if not drop_prob and not post_norm and not proj_drop:  # the product adds the residual
         return kernels.project(out, proj, plan, index, zeros, x)
@@ -240,7 +228,9 @@ def attention_half(x: Tensor, plan, heads: int, scale: float, bias: Tensor,
         branch = F.dropout(branch, proj_drop)
     # drawn after the dropouts, as the modules draw them
     keep = drop_path_keep(x.shape[0], drop_prob, branch.dtype, x.device) if drop_prob else None
-    return _add_branch(x, branch, keep, norm1 if post_norm else None)
+    if post_norm:
+        return _add_branch(x, branch, keep, norm1)
+    return x + branch if keep is None else torch.addcmul(x, branch, keep)
 
 
 def ffn_half(x: Tensor, norm2: Tuple[Tensor, Tensor, float], fc1: Tuple[Tensor, Tensor],
@@ -264,7 +254,8 @@ def ffn_half(x: Tensor, norm2: Tuple[Tensor, Tensor, float], fc1: Tuple[Tensor, 
         # Inference: each intermediate let go as soon as the next is made, GELU in place (or
         # in the product's epilogue) and the residual added by the product where the kernels
         # can.
-        hidden = kernels.linear_gelu(_pre_norm(x, pre), *fc1)
+        hidden = kernels.linear_gelu(x if pre is None else _layer_norm(x, x.shape[-1:], *pre)[0],
+                                     *fc1)
         if not drop_prob and not post_norm:
             return kernels.linear_residual(hidden, *fc2, x)
         branch = kernels.linear(hidden, *fc2)
@@ -307,9 +298,11 @@ def _sdpa_attention(qkv: Tensor, heads: int, bias: Tensor, plan, scale: float,
     q, k, v views of the projection [B, nW * N, 3C]."""
     nw = plan.num_windows
     b, length, c3 = qkv.shape
-    q, k, v = qkv.view(b * nw, length // nw, 3, heads, c3 // 3 // heads).permute(
-        2, 0, 3, 1, 4).unbind(0)  # as window_products.qkv_views, one Python call less
-    if logit_scale is not None:
+    if logit_scale is None:
+        q, k, v = qkv.view(b * nw, length // nw, 3, heads, c3 // 3 // heads).permute(
+            2, 0, 3, 1, 4).unbind(0)  # as window_products.qkv_views, one Python call less
+    else:  # cosine attention: q and k differentiated apart, their gradients written in place
+        q, k, v = split_qkv(qkv.view(b * nw, length // nw, c3), heads)
         (q, k), scale = scaled_cosine_query_key(q, k, logit_scale), 1.0
     return generic_window_attention(q, k, v, bias, plan.mask, scale, dropout_p, nw, qkv.dtype,
                                     False)
@@ -322,7 +315,11 @@ def _project_in_window_order(out: Tensor, proj, plan, index, zeros,
     out = F.linear(out, *proj)
     out = _gather(out.view(out.shape[0] // plan.num_windows, -1, out.shape[-1]), plan.scatter,
                   False)
-    return out if residual is None else _add_branch(residual, out, None, None)
+    if residual is None:
+        return out
+    if torch.is_grad_enabled() or out.dtype != residual.dtype:
+        return residual + out
+    return out.add_(residual)  # which nothing else holds
 
 
 def _linear_residual(x: Tensor, weight: Tensor, bias: Optional[Tensor],
@@ -418,27 +415,24 @@ class _MergeNormReduce(torch.autograd.Function):
         (h, w), dtype = ctx.hw, grad.dtype
         t = _neighbourhoods(x, h, w)
         b, length, c4 = t.shape
-        if norm_weight is None:
-            y = t
-        else:
-            y, mean, rstd = _layer_norm(t, t.shape[-1:], norm_weight, norm_bias, ctx.eps)
+        y, mean, rstd = (t, None, None) if norm_weight is None else _layer_norm(
+            t, t.shape[-1:], norm_weight, norm_bias, ctx.eps)
         if y.dtype != dtype:
             y = y.to(dtype)
         grad = grad.reshape(-1, grad.shape[-1])
         grad_weight = grad.t().mm(y.view(-1, c4))
-        grad_y = ctx.kernels.grad_input(
+        grad_t = ctx.kernels.grad_input(
             grad, weight if weight.dtype == dtype else weight.to(dtype)).view(t.shape)
-        if grad_y.dtype != t.dtype:
-            grad_y = grad_y.to(t.dtype)
+        if grad_t.dtype != t.dtype:
+            grad_t = grad_t.to(t.dtype)
         needs = ctx.needs_input_grad
-        if norm_weight is None:
-            grad_t, grad_norm_weight, grad_norm_bias = grad_y, None, None
-        else:
+        grad_norm_weight = grad_norm_bias = None
+        if norm_weight is not None:
             grad_t, grad_norm_weight, grad_norm_bias = _layer_norm_backward(
-                grad_y, t, t.shape[-1:], mean, rstd, norm_weight, norm_bias,
+                grad_t, t, t.shape[-1:], mean, rstd, norm_weight, norm_bias,
                 [needs[0], needs[3], needs[4]])
         grad_x = None
-        if grad_t is not None:  # the neighbourhoods' gradient back in map order, cropped
+        if needs[0]:  # the neighbourhoods' gradient back in map order, cropped
             c, hh, ww = c4 // 4, (h + 1) // 2, (w + 1) // 2
             grad_x = grad_t.view(b, hh, ww, c, 2, 2).permute(0, 1, 4, 2, 5, 3).reshape(
                 b, 2 * hh, 2 * ww, c)
@@ -458,4 +452,6 @@ def patch_merge(x: Tensor, hw: Tuple[int, int], norm: Optional[Tuple[Tensor, Ten
     if torch.is_grad_enabled():
         return apply_function(_MergeNormReduce, x, hw[0], hw[1], *(norm or (None, None, 0.)),
                               weight, kernels)
-    return kernels.linear(_pre_norm(_neighbourhoods(x, hw[0], hw[1]), norm), weight, None)
+    t = _neighbourhoods(x, hw[0], hw[1])
+    return kernels.linear(t if norm is None else _layer_norm(t, t.shape[-1:], *norm)[0], weight,
+                          None)

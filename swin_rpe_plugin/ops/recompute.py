@@ -1,14 +1,12 @@
 """A linear layer whose input is recomputed in backward instead of kept.
 
 For the parts that ``ops/block.py``'s Functions do not write out: the patch embedding
-recomputes its rows of patches from the image, the modules' plain form (SwinV2, dropout,
-hooks) its window gather from the query and fc2's input (GELU of fc1's output), a SwinV2 patch
-merging its 2x2 neighbourhoods from the stage output, and the CPU kernels' output projection
-takes an identity prefix (it keeps its input, as ``F.linear`` would). Unlike activation
-checkpointing, the GEMM itself is never recomputed. Under autocast the weight is kept in its own
-dtype and cast again in backward, and the prefix is recomputed under the same autocast state as
-in forward, so both passes see the same numbers. GELU's gradient is written over fc2's input
-gradient, without autograd, so no second tensor of that size is made.
+recomputes its rows of patches from the image, a patch merging's plain form its 2x2
+neighbourhoods (and norm) from the stage output, and the CPU kernels' output projection takes an
+identity prefix (it keeps its input, as ``F.linear`` would, and adds the residual itself).
+Unlike activation checkpointing, the GEMM itself is never recomputed. Under autocast the weight
+is kept in its own dtype and cast again in backward, and the prefix is recomputed under the same
+autocast state as in forward, so both passes see the same numbers.
 
 Imports torch only.
 """
@@ -17,20 +15,20 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..compat import apply_function, gelu_backward_, gradient_edge, is_compiling
+from ..compat import apply_function, gradient_edge, is_compiling
 from .dispatch import autocast_context, autocast_state, compute_dtype, use_cpu_fast_paths
 from .linear import linear, linear_residual
 
-__all__ = ['gelu_grad_in_place', 'linear_keeping_input', 'linear_with_recomputed_input']
+__all__ = ['linear_keeping_input', 'linear_with_recomputed_input']
 
 
 class _LinearRecomputedInput(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor],
-                residual: Optional[Tensor], prefix: Callable, prefix_grad: Optional[Callable],
-                num_prefix_params: int, *prefix_params: Tensor) -> Tensor:
-        ctx.prefix, ctx.prefix_grad = prefix, prefix_grad
+                residual: Optional[Tensor], prefix: Callable, num_prefix_params: int,
+                *prefix_params: Tensor) -> Tensor:
+        ctx.prefix = prefix
         ctx.num_prefix_params = num_prefix_params
         ctx.has_bias = bias is not None
         device = x.device.type
@@ -54,9 +52,8 @@ class _LinearRecomputedInput(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         x, weight, *prefix_params = ctx.saved_tensors
-        in_place = ctx.prefix_grad is not None  # the prefix's gradient without autograd
-        with torch.set_grad_enabled(not in_place), autocast_context(*ctx.autocast):
-            x_ = x.detach().requires_grad_(ctx.needs_input_grad[0] and not in_place)
+        with torch.enable_grad(), autocast_context(*ctx.autocast):
+            x_ = x.detach().requires_grad_(ctx.needs_input_grad[0])
             y = ctx.prefix(x_)
         grad_residual = grad_out if ctx.needs_input_grad[3] else None
         product_dtype = ctx.product_dtype
@@ -75,29 +72,26 @@ class _LinearRecomputedInput(torch.autograd.Function):
             # reduction accumulates in float32 either way; the launch is what counts there).
             grad_bias = grad_flat.sum(0, dtype=ctx.weight_dtype) if ctx.generic else \
                 grad_flat.sum(0).to(ctx.weight_dtype)
-        needs = [ctx.needs_input_grad[0], *ctx.needs_input_grad[7:]]
-        wanted = [t for t, need in zip([x_, *prefix_params], needs) if need and not in_place]
+        needs = [ctx.needs_input_grad[0], *ctx.needs_input_grad[6:]]
+        wanted = [t for t, need in zip([x_, *prefix_params], needs) if need]
         y_dtype = y.dtype
         # Differentiate the prefix through y's gradient edge, and let y go before grad_y is
         # made: LayerNorm's and GELU's backwards keep their inputs, not y, so one tensor of
-        # y's size less is live at the step's peak (fc2's input: 4 channel-widths).
+        # y's size less is live at the step's peak.
         root = None if not wanted else gradient_edge(y) if y.grad_fn is not None else y
         del y
         with torch.no_grad():
             grad_y = linear(grad_out, weight.t().to(product_dtype)).to(y_dtype)
-        if in_place:  # into grad_y's memory: no second tensor of y's size at the peak
-            grad_x = ctx.prefix_grad(x, grad_y) if ctx.needs_input_grad[0] else None
-            return (grad_x, grad_weight, grad_bias, grad_residual, None, None, None)
         grads = iter(torch.autograd.grad(root, wanted, grad_y) if wanted else ())
         grad_x = next(grads) if ctx.needs_input_grad[0] else None
-        grad_params = [next(grads) if need else None for need in ctx.needs_input_grad[7:]]
-        return (grad_x, grad_weight, grad_bias, grad_residual, None, None, None, *grad_params)
+        grad_params = [next(grads) if need else None for need in ctx.needs_input_grad[6:]]
+        return (grad_x, grad_weight, grad_bias, grad_residual, None, None, *grad_params)
 
 
 def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
                                  prefix_params: Sequence[Tensor], weight: Tensor,
-                                 bias: Optional[Tensor], residual: Optional[Tensor] = None,
-                                 prefix_grad_in_place: Optional[Callable] = None) -> Tensor:
+                                 bias: Optional[Tensor], residual: Optional[Tensor] = None
+                                 ) -> Tensor:
     """``linear(prefix(x), weight, bias)`` (``+ residual`` if given, added by the product
     itself where :func:`~.linear.linear_residual` can), keeping x instead of prefix(x) for
     backward.
@@ -109,9 +103,6 @@ def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
         prefix_params: the parameters prefix uses (they receive gradients).
         weight, bias: of the linear layer, [C_out, C_in] and [C_out].
         residual: [..., C_out] added to the output (its gradient is the output's), or None.
-        prefix_grad_in_place: for a prefix without parameters, ``(x, grad of prefix(x)) ->
-            grad of x`` written into the given gradient's memory (:func:`gelu_grad_in_place`),
-            used instead of autograd through the recomputed prefix.
 
     Returns:
         [..., C_out].
@@ -125,10 +116,8 @@ def linear_with_recomputed_input(x: Tensor, prefix: Callable[[Tensor], Tensor],
         y = prefix(x)
         return linear(y, weight, bias) if residual is None else \
             linear_residual(y, weight, bias, residual)
-    if prefix_params:
-        prefix_grad_in_place = None
     return apply_function(_LinearRecomputedInput, x, weight, bias, residual, prefix,
-                          prefix_grad_in_place, len(prefix_params), *prefix_params)
+                          len(prefix_params), *prefix_params)
 
 
 def _identity(x: Tensor) -> Tensor:
@@ -147,9 +136,3 @@ def linear_keeping_input(x: Tensor, weight: Tensor, bias: Optional[Tensor],
         return linear(x, weight, bias) if residual is None else \
             linear_residual(x, weight, bias, residual)
     return linear_with_recomputed_input(x, _identity, [], weight, bias, residual)
-
-
-def gelu_grad_in_place(x: Tensor, grad: Tensor) -> Tensor:
-    """The gradient of the exact (erf) GELU at x, written over ``grad`` (GELU's output
-    gradient, of x's shape and dtype): autograd's own kernel, one pass, no new tensor."""
-    return gelu_backward_(grad, x)

@@ -182,19 +182,17 @@ def test_linear_with_recomputed_input_matches_autograd():
     _assert_same_values_and_gradients(out, ref, inputs)
 
 
-def test_gelu_prefix_gradient_in_place_matches_autograd():
-    """fc2's path: exact GELU recomputed from the kept fc1 output, its gradient written over
-    fc2's input gradient instead of autograd through the recomputed GELU; with the residual
-    added by the product. Against plain autograd in float64."""
-    from swin_rpe_plugin.ops import gelu_grad_in_place, linear_with_recomputed_input
+def test_recomputed_prefix_with_residual_matches_autograd():
+    """The CPU kernels' projection path: a prefix recomputed from the kept input, the
+    residual added by the product. Against plain autograd in float64."""
+    from swin_rpe_plugin.ops import linear_with_recomputed_input
     gelu = torch.nn.GELU()
     weight = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(5, dtype=torch.float64, requires_grad=True)
     x = torch.randn(2, 7, 6, dtype=torch.float64, requires_grad=True)
     residual = torch.randn(2, 7, 5, dtype=torch.float64, requires_grad=True)
     inputs = (x, weight, bias, residual)
-    out = linear_with_recomputed_input(x, gelu, [], weight, bias, residual,
-                                       prefix_grad_in_place=gelu_grad_in_place)
+    out = linear_with_recomputed_input(x, gelu, [], weight, bias, residual)
     ref = residual + torch.nn.functional.linear(gelu(x), weight, bias)
     _assert_same_values_and_gradients(out, ref, inputs)
 
