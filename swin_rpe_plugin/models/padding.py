@@ -34,6 +34,7 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from torch import Tensor, nn
 
+from ..ops.masks import region_mask
 from ..registry import HOOKS
 
 _ATTR = '_swin_rpe_padding_aware'
@@ -64,16 +65,6 @@ def valid_sizes_at(sizes: Sequence[Size], map_hw: Sequence[int],
     """Each image's (h, w) region on a feature map: ``ceil(h / s)``, s its stride."""
     s = feature_stride(map_hw, input_hw)
     return tuple((-(-int(h) // s), -(-int(w) // s)) for h, w in sizes)
-
-
-def region_mask(valid: Sequence[Size], hw: Sequence[int], like: Tensor) -> Tensor:
-    """[B, 1, H, W] in ``like``'s dtype: 1 inside each image's top-left (h, w) region."""
-    rows = torch.arange(int(hw[0]), device=like.device)
-    cols = torch.arange(int(hw[1]), device=like.device)
-    sizes = torch.tensor([list(v) for v in valid], device=like.device).view(-1, 2)
-    inside = (rows[None, :, None] < sizes[:, 0, None, None]) & \
-        (cols[None, None, :] < sizes[:, 1, None, None])
-    return inside.to(like.dtype).unsqueeze(1)
 
 
 def resize_regions(x: Tensor, valid: Sequence[Size], out_valid: Sequence[Size],

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..compat import register_load_state_dict_pre_hook
 from ..ops import resize_absolute_pos_embed, to_window_tuple
+from ..ops.masks import region_mask
 from ..ops.dispatch import block_kernels, is_tracing
 from ..ops.kept import new_generation
 from ..registry import MODELS
@@ -286,7 +287,7 @@ class SwinTransformer(BaseModule):
                              ' export with mask_padding=True, which masks the window padding')
         valid = _parse_valid_sizes(valid_sizes, x.shape)
         if valid is not None:  # the batch's pad value need not be 0: zero padding pixels
-            x = x * _region_mask(valid, x.shape[2:], x).view(x.shape[0], 1, *x.shape[2:])
+            x = x * region_mask(valid, x.shape[2:], x)
         x, hw_shape = self.patch_embed(x)
         if self.use_abs_pos_embed:
             x = x + self._pos_embed_for(hw_shape, tracing)
@@ -300,7 +301,7 @@ class SwinTransformer(BaseModule):
         for i, stage in enumerate(self.stages):
             token_mask = None
             if valid is not None and any(v != tuple(hw_shape) for v in valid):
-                token_mask = _region_mask(valid, hw_shape, x).view(x.shape[0], -1, 1)
+                token_mask = region_mask(valid, hw_shape, x).view(x.shape[0], -1, 1)
             x, next_hw, out, out_hw = stage(x, hw_shape, valid, token_mask, kernels)
             if i in self.out_indices:
                 out = getattr(self, f'norm{i}')(out)
@@ -349,16 +350,6 @@ def _parse_valid_sizes(valid_sizes, shape) -> Optional[Tuple[Tuple[int, int], ..
             raise ValueError(f'valid_sizes[{i}]=({h}, {w}) must be within 1..{shape[2]} x '
                              f'1..{shape[3]} (the input size)')
     return sizes
-
-
-def _region_mask(valid, hw, like: Tensor) -> Tensor:
-    """[B, H, W] with 1 inside each image's top-left (h, w) region, 0 outside."""
-    rows = torch.arange(hw[0], device=like.device)
-    cols = torch.arange(hw[1], device=like.device)
-    sizes = torch.tensor(valid, device=like.device)
-    inside = (rows[None, :, None] < sizes[:, 0, None, None]) & \
-        (cols[None, None, :] < sizes[:, 1, None, None])
-    return inside.to(like.dtype)
 
 
 def _check_arguments(in_channels, embed_dims, patch_size, depths, num_heads, strides,

@@ -10,8 +10,9 @@ The V1 backbone (``swin.py``) with what V2 changes, and nothing else:
 - res-post-norm: each block norms its attention and FFN outputs before adding the residual;
 - patch merging norms after the reduction (over 2C channels, not 4C);
 - q and v have a bias, k none (``q_bias``, ``v_bias``).
-Windows, padding, shift masks, window plans, ``mask_padding`` / ``valid_sizes``, the fast linear
-and attention paths, recomputation, ``with_cp``, ``frozen_stages`` and input checks are V1's.
+Windows, padding, shift masks, window plans, ``mask_padding`` / ``valid_sizes``, the block's one
+definition (``ops/block.py``: its halves with ``post_norm`` and ``logit_scale``, each device's
+kernels), ``with_cp``, ``frozen_stages`` and input checks are V1's.
 
 Small maps: when a stage map is not larger than the window, the window is kept and the map is
 padded (and shifted) to whole windows, as in V1 and the detection code. The classification

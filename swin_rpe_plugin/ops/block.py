@@ -1,4 +1,4 @@
-"""One Swin V1 block, written once: its numerics here, its kernels a choice inside.
+"""One Swin block (V1 and SwinV2), written once: its numerics here, its kernels a choice inside.
 
     attention_half:
     x  -> norm1 -> window gather -> qkv   ..... _NormWindowsQKV (one autograd Function)
@@ -8,7 +8,11 @@
     x2 -> norm2 -> fc1 -> GELU -> fc2 -> x2 + drop_path(.) ..... _NormMLP (one autograd Function)
 
 and between stages, :func:`patch_merge` (2x2 neighbourhoods -> norm -> reduction,
-_MergeNormReduce).
+_MergeNormReduce). SwinV2 is the same halves with ``post_norm`` (no norm before the Functions;
+the norm on the branch, before drop path and the residual), cosine attention (``logit_scale``,
+inside the kernels' attention) and its continuous position bias as ``bias``; its patch merging
+norms after the reduction (the module's norm after :func:`patch_merge` without one). Dropout
+(attention, projection, FFN) is drawn where and in the order the modules draw it.
 
 The kernels (:class:`BlockKernels`) are chosen once per backbone forward by
 ``dispatch.block_kernels``, as SDPA chooses its backend inside one call:
@@ -29,7 +33,8 @@ per step: two autograd Functions per block, whose backwards are straight sequenc
 ops (no nested autograd pass, no Python callback), no cast, reshape or detach that changes
 nothing, and facts (dtype, drop path) read once per block. Memory stays lean: the Functions
 keep their inputs and recompute the norms, the window gather and GELU in backward (the GEMMs
-are never recomputed); q, k and v are views of the qkv projection in every block.
+are never recomputed); q, k and v are views of the qkv projection in every block. With FFN
+dropout the FFN runs in stock autograd (its Function would have to keep the dropout masks).
 
 Under autocast the products run in autocast's dtype (F.linear casts in forward, the CPU's
 kernels cast as it would; the backwards, which run outside autocast, cast the weights again
@@ -37,8 +42,8 @@ instead of keeping their casts), the norms
 and the residual stream stay in the input's dtype, as in mmdet's Swin. Drop path is mmcv's
 (the same random draw per image, in the same order: attention branch, then FFN branch).
 
-Eligibility (LayerNorm norms, exact GELU, no dropout, eager mode: tracers, exporters and
-compilers see the modules' plain ops) is the caller's: ``models/layers.SwinBlock``. Imports
+Eligibility (LayerNorm norms, exact GELU, the fused attention, eager mode: tracers, exporters
+and compilers see the modules' plain ops) is the caller's: ``models/layers.SwinBlock``. Imports
 torch only.
 """
 from typing import Callable, NamedTuple, Optional, Tuple

@@ -16,7 +16,7 @@ from torch import Tensor
 from .relative_position import to_window_tuple
 from .windows import window_partition
 
-__all__ = ['MASK_VALUE', 'shift_region_labels', 'shift_attention_mask', 'padding_key_mask',
+__all__ = ['MASK_VALUE', 'region_mask', 'shift_region_labels', 'shift_attention_mask', 'padding_key_mask',
            'window_attention_mask']
 
 MASK_VALUE = -100.0
@@ -126,3 +126,14 @@ def _check_padded(padded_hw, window_size) -> None:
     mh, mw = to_window_tuple(window_size)
     if padded_hw[0] % mh or padded_hw[1] % mw:
         raise ValueError(f'padded_hw {tuple(padded_hw)} is not a multiple of window {(mh, mw)}')
+
+
+def region_mask(valid, hw, like: Tensor) -> Tensor:
+    """[B, 1, H, W] in ``like``'s dtype: 1 inside each image's top-left (h, w) region of
+    ``valid`` (one (h, w) per image), 0 outside."""
+    rows = torch.arange(hw[0], device=like.device)
+    cols = torch.arange(hw[1], device=like.device)
+    sizes = torch.tensor([list(v) for v in valid], device=like.device).view(-1, 2)
+    inside = (rows[None, :, None] < sizes[:, 0, None, None]) & \
+        (cols[None, None, :] < sizes[:, 1, None, None])
+    return inside.to(like.dtype).unsqueeze(1)

@@ -128,11 +128,6 @@ def linear_keeping_input(x: Tensor, weight: Tensor, bias: Optional[Tensor],
                          residual: Optional[Tensor] = None) -> Tensor:
     """``linear(x, weight, bias)`` (``+ residual``) whose backward keeps x and the weight in
     its own dtype: under autocast the weight's cast is made again in backward instead of
-    kept (see :func:`linear_with_recomputed_input`, with the identity as prefix). On the
-    generic path, plain autograd: the same kernels, and the Function's Python per call would
-    only add host time (the output projections' casts are 2 bytes a parameter, 4 MiB for
-    Swin-T)."""
-    if not use_cpu_fast_paths(x):
-        return linear(x, weight, bias) if residual is None else \
-            linear_residual(x, weight, bias, residual)
+    kept (see :func:`linear_with_recomputed_input`, with the identity as prefix); the CPU
+    kernels' output projection (``ops.block.CPU``)."""
     return linear_with_recomputed_input(x, _identity, [], weight, bias, residual)
