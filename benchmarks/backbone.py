@@ -179,22 +179,30 @@ def backbone_work(arch: str, shape: Tuple[int, int], batch: int, mode: str,
     ``profiles`` keeps each side's bytes per operator and kept bytes per producer;
     ``freeze_tables``: no gradient for the relative position tables, in both models (the CPU's
     SDPA then runs its fused kernels both ways, as a GPU's does with a bias gradient too);
-    ``with_cp``: both checkpoint their blocks."""
+    ``with_cp``: both checkpoint their blocks. SwinV2 archs (``v2-*``): transformers'
+    Swinv2Model in mmdet's place (``benchmarks/v2.py``, window 8)."""
     from swin_rpe_plugin.ops.dispatch import force_backend
     from .work import count_work, side_summary
-    stock, ours = build_pair(arch, with_cp=with_cp)
+    if arch.startswith('v2-'):
+        from .v2 import build_v2_pair, reference_step
+        baseline, (stock, ours) = 'transformers', build_v2_pair(arch, tuple(shape))
+        baseline_step = reference_step(stock, mode, dtype)
+    else:
+        baseline, (stock, ours) = 'mmdet', build_pair(arch, with_cp=with_cp)
+        baseline_step = step_fn(stock, mode, dtype)
     for model in (stock, ours) if freeze_tables else ():
         for name, p in model.named_parameters():
             if 'relative_position_bias_table' in name:
                 p.requires_grad_(False)
     x = torch.randn(batch, 3, *shape)
     sides = {}
-    for side in WORK_SIDES:
-        model = stock if side == 'mmdet' else ours
+    for side in (baseline,) + WORK_SIDES[1:]:
+        model = stock if side == baseline else ours
         with force_backend('generic' if side == 'ours_generic' else 'auto'):
-            work = count_work(step_fn(model, mode, dtype), x, model, backward=mode == 'train',
-                              launches=not with_cp)
+            work = count_work(baseline_step if side == baseline else step_fn(model, mode, dtype),
+                              x, model, backward=mode == 'train', launches=not with_cp)
         sides[side] = work if profiles else side_summary(work)
     return dict(kind='work', arch=arch, shape=list(shape), batch=batch, mode=mode, dtype=dtype,
-                sides=sides, **({'tables': 'frozen'} if freeze_tables else {}),
+                sides=sides, **({'baseline': baseline} if baseline != 'mmdet' else {}),
+                **({'tables': 'frozen'} if freeze_tables else {}),
                 **({'with_cp': True} if with_cp else {}))

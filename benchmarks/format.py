@@ -119,13 +119,17 @@ def _ratio(value: Optional[float], reference: Optional[float]) -> Optional[float
 
 
 def work_rows(record: dict, top: int = 2) -> List[dict]:
-    """One row per side of a work record (mmdet, ours, ours_generic, then any other side):
-    kernels (aten operators that launch work) with their ratio to mmdet's; product GFLOPs; MB moved outside the matrix products, MB kept for backward and allocator
-    peak MB, each with its ratio to mmdet's (None where either is missing); the ``top`` largest
-    kinds of the bytes outside the products as (kind, MB)."""
+    """One row per side of a work record (the baseline: mmdet, or ``record['baseline']``;
+    ours, ours_generic, then any other side): kernels (aten operators that launch work) with
+    their ratio to the baseline's; product GFLOPs; MB moved outside the matrix products, MB kept
+    for backward and allocator peak MB, each with its ratio to the baseline's (None where
+    either is missing); the ``top`` largest kinds of the bytes outside the products as (kind,
+    MB)."""
     sides = record['sides']
-    names = [n for n in WORK_SIDES if n in sides] + [n for n in sides if n not in WORK_SIDES]
-    ref = sides.get('mmdet', {})
+    baseline = record.get('baseline', 'mmdet')
+    names = [n for n in (baseline,) + WORK_SIDES[1:] if n in sides] + \
+        [n for n in sides if n not in (baseline,) + WORK_SIDES[1:]]
+    ref = sides.get(baseline, {})
     rows = []
     for name in names:
         side = sides[name]
@@ -162,8 +166,8 @@ def format_work(records: List[dict]) -> str:
     """Aligned text table of the work records' rows (as the report's work table)."""
     def num(value, fmt):
         return '-' if value is None else format(value, fmt)
-    rows = [['case', 'side', 'kernels', 'x mmdet', 'GFLOPs', 'MB outside', 'x mmdet',
-             'MB saved', 'x mmdet', 'MB peak', 'x mmdet', 'largest kinds (MB)']]
+    rows = [['case', 'side', 'kernels', 'x base', 'GFLOPs', 'MB outside', 'x base',
+             'MB saved', 'x base', 'MB peak', 'x base', 'largest kinds (MB)']]
     for record in records:
         for w in work_rows(record):
             rows.append([w['case'], w['side'], num(w['kernels'], 'd'),

@@ -129,9 +129,9 @@ def _table(records: List[dict]) -> List[str]:
 
 
 def work_table(records: List[dict]) -> List[str]:
-    """The exact work counts: one row per (case, side), ratios to mmdet's side."""
-    lines = ['| case | side | kernels | x mmdet | product GFLOPs | MB outside products | '
-             'x mmdet | MB kept for backward | x mmdet | allocator peak MB | x mmdet | '
+    """The exact work counts: one row per (case, side), ratios to the baseline's side."""
+    lines = ['| case | side | kernels | x base | product GFLOPs | MB outside products | '
+             'x base | MB kept for backward | x base | allocator peak MB | x base | '
              'largest kinds (MB) |',
              '|---|---|---|---|---|---|---|---|---|---|---|---|']
     for record in records:
@@ -257,7 +257,8 @@ def performance_markdown(by_class: Dict[CpuClass, List[dict]], chart_dir: str = 
                     'per side, the aten kernels a step launches, the FLOPs of the matrix '
                     'products, the bytes moved outside them '
                     '(the two largest kinds beside), the bytes kept for backward (train) and the '
-                    'allocator peak; x mmdet is the ratio to mmdet\'s side; MB = 2^20 bytes.',
+                    'allocator peak; x base is the ratio to the baseline\'s side (mmdet\'s; '
+                    'transformers\' for SwinV2); MB = 2^20 bytes.',
                     ''] + work_table(work)
         host = host_rows(records)
         if host:

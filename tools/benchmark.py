@@ -152,9 +152,11 @@ def parse_args(argv=None):
                       or args.arch != 'tiny'):
         p.error('--host measures Swin-T\'s depth alone (and --detector mask-rcnn): drop '
                 '--work/--runtime/--padding-aware/--compile/--arch')
-    if args.work and (args.arch in V2_ARCHS or whole):
-        p.error('--work counts v1 backbones: drop --runtime/--detector/--padding-aware, use a '
-                'v1 --arch')
+    if args.work and whole:
+        p.error('--work counts backbones: drop --runtime/--detector/--padding-aware')
+    if args.work and args.arch in V2_ARCHS and (args.with_cp or args.freeze_tables):
+        p.error('--with-cp and --freeze-tables count v1 backbones (SwinV2 has no tables, '
+                'transformers no with_cp): drop them or use a v1 --arch')
     if args.arch in V2_ARCHS and whole:
         p.error('--runtime, --detector and --padding-aware compare v1 backbones: drop them or '
                 'use --arch tiny')

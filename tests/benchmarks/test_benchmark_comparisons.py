@@ -123,6 +123,33 @@ def test_v2_against_transformers(tmp_path):
         assert r['transformers_peak_mb'] > 0 and r['ours_peak_mb'] > 0
 
 
+def test_v2_work_counts_against_transformers(tmp_path):
+    """`--work --arch v2-tiny`: transformers' Swinv2Model is the baseline side of the exact
+    counts, beside ours on the CPU path and on the generic path; at 256x256 (every stage map a
+    whole number of windows, so no side pads or shrinks one) both of ours multiply the same
+    FLOPs, within 1% of transformers', and every ratio is to transformers' side."""
+    from benchmarks.format import work_rows
+    out = tmp_path / 'v2_work.json'
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, REFERENCE]))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'benchmark.py'),
+                           '--work', '--arch', 'v2-tiny', '--shape', '256', '256', '--mode',
+                           'infer', '--dtype', 'fp32', '--json', str(out)],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (record,) = json.loads(out.read_text())['records']
+    sides = record['sides']
+    assert record['baseline'] == 'transformers'
+    assert set(sides) == {'transformers', 'ours', 'ours_generic'}
+    flops = {side: sides[side]['product_flops'] for side in sides}
+    assert flops['ours'] == flops['ours_generic'] > 0
+    assert abs(flops['ours'] / flops['transformers'] - 1) < 0.01
+    rows = work_rows(record)
+    assert [r['side'] for r in rows] == ['transformers', 'ours', 'ours_generic']
+    assert rows[1]['peak_ratio'] == sides['ours']['peak_bytes'] / sides['transformers'][
+        'peak_bytes']
+    assert rows[0]['peak_ratio'] == 1.0
+
+
 def built_at_the_tested_size(monkeypatch, shape):
     """mmseg's training preprocessor pads every image to its config's crop (512 x 512 for the
     stock UperNet), so a 64 x 96 train step would run at 512 x 512 (minutes on 2 cores): the
